@@ -1,0 +1,129 @@
+"""The decision core: ``step(state, event, now) -> (state, decisions)``.
+
+No clock, no I/O, no sleeping: time arrives as ``now``. The same function
+serves the embedded run, the Kafka processor, rule unit tests and simulation.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pipeline.engine import failures, timers
+from pipeline.engine.decide import apply, make_decision
+from pipeline.engine.state import InstanceStatus, JobState, JobStatus, new_job_state
+from pipeline.events import (
+    Decision,
+    DecisionKind,
+    ErrorSource,
+    Event,
+    InstanceExited,
+    InstanceStarted,
+    JobSubmitted,
+    LogLine,
+    Reason,
+    SdkMessage,
+    SdkOp,
+    Tick,
+)
+from pipeline.rules.model import RulePack
+from pipeline.settings import JobSettings, SettingsError, parse_args_string
+
+MAX_KEYWORDS = 1000
+
+
+def start_job(event: JobSubmitted, pack: RulePack, now: float) -> tuple[JobState, list[Decision]]:
+    """The state of a newly submitted job; an invalid arguments string fails it at once."""
+    try:
+        settings = parse_args_string(event.args)
+        problem = "" if event.instances else "the job has no instances"
+    except SettingsError as exc:
+        settings, problem = JobSettings(), str(exc)
+    state = new_job_state(event.job_id, event.framework, settings, pack, event.instances)
+    if not problem:
+        return state, []
+    decision = make_decision(state, DecisionKind.FAIL_JOB, Reason.INVALID_JOB, "job_arguments", now,
+                             fault_key=("invalid",), message=problem)
+    apply(state, decision)
+    return state, [decision]
+
+
+def step(state: JobState, event: Event, now: float) -> tuple[JobState, list[Decision]]:
+    if state.finished:
+        state.stale_events += 1
+        return state, []
+    handler = _HANDLERS.get(type(event))
+    decisions = handler(state, event, now) if handler else []
+    for decision in decisions:
+        apply(state, decision)
+    return state, decisions
+
+
+def _on_started(state: JobState, event: InstanceStarted, now: float) -> list[Decision]:
+    inst = state.current(event.instance, event.round, event.start)
+    if inst is None or inst.status is not InstanceStatus.PENDING:
+        return []
+    inst.status = InstanceStatus.RUNNING
+    inst.started_at = inst.last_output = event.time
+    inst.node = event.node
+    inst.pid = event.pid
+    return []
+
+
+def _on_log(state: JobState, event: LogLine, now: float) -> list[Decision]:
+    inst = state.current(event.instance, event.round, event.start)
+    if inst is None:
+        return []
+    if event.time > inst.last_output:
+        inst.last_output = event.time
+    inst.tail.append(event.text)
+    return []
+
+
+def _on_exit(state: JobState, event: InstanceExited, now: float) -> list[Decision]:
+    inst = state.current(event.instance, event.round, event.start)
+    if inst is None or inst.status is not InstanceStatus.RUNNING:
+        return []
+    if event.exit_code == 0:
+        return failures.on_success(state, inst, event, now)
+    return failures.on_failure(state, inst, event, now)
+
+
+def _on_sdk(state: JobState, event: SdkMessage, now: float) -> list[Decision]:
+    op = event.op
+    if op is SdkOp.SET_RETRYABLE_ERRORS:
+        # Keywords belong to the job: kept across restarts, whichever incarnation sent them.
+        for keyword in event.keywords:
+            if keyword and keyword not in state.custom_keywords and len(state.custom_keywords) < MAX_KEYWORDS:
+                state.custom_keywords.append(keyword)
+        return []
+    if op is SdkOp.CUSTOM_MESSAGE:
+        state.sdk_seq += 1
+        inst = state.instances.get(event.instance)
+        return [make_decision(state, DecisionKind.NOTIFY, Reason.CUSTOM_MESSAGE, "sdk_custom_message", now,
+                              fault_key=("sdk", state.sdk_seq), source=ErrorSource.SDK, inst=inst,
+                              message=event.content, category="custom_message", detected_at=event.time)]
+    if op is SdkOp.SET_HANG_INTERVAL:
+        inst = state.current(event.instance, event.round, event.start)
+        if inst is not None:
+            inst.hang_interval = event.interval
+            # A new interval restarts the silence clock: leaving a long silent
+            # hang_detect(-1) scope is not an instant hang.
+            inst.last_output = max(inst.last_output, event.time)
+    return []
+
+
+def _on_tick(state: JobState, event: Tick, now: float) -> list[Decision]:
+    return timers.check_timers(state, now)
+
+
+_HANDLERS = {
+    InstanceStarted: _on_started,
+    LogLine: _on_log,
+    InstanceExited: _on_exit,
+    SdkMessage: _on_sdk,
+    Tick: _on_tick,
+}
+
+
+def outcome(state: JobState) -> Optional[JobStatus]:
+    return state.status if state.finished else None

@@ -1,0 +1,184 @@
+"""The shared vocabulary: typed input events and typed decisions.
+
+Everything that crosses a boundary (runtime -> engine, engine -> actuator,
+bus, history) is one of these structs. They are msgspec structs so the same
+definitions serve in-process use and the wire format (see ``pipeline.bus.serde``).
+Times are float seconds since the epoch and are always carried as data: nothing
+here reads a clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from typing import Optional, Union
+
+import msgspec
+
+
+class Stream(str, enum.Enum):
+    STDOUT = "stdout"
+    STDERR = "stderr"
+
+
+class DecisionKind(str, enum.Enum):
+    """What the engine asks the actuator to do."""
+
+    RESTART_JOB = "restart_job"
+    RESTART_INSTANCE = "restart_instance"
+    FAIL_JOB = "fail_job"
+    ISOLATE_NODE = "isolate_node"
+    REQUEUE = "requeue"
+    NOTIFY = "notify"
+    # Not a fault: the job is over and every remaining instance can be stopped.
+    COMPLETE_JOB = "complete_job"
+
+
+FAULT_ACTIONS = (
+    DecisionKind.RESTART_JOB,
+    DecisionKind.RESTART_INSTANCE,
+    DecisionKind.FAIL_JOB,
+    DecisionKind.ISOLATE_NODE,
+    DecisionKind.REQUEUE,
+    DecisionKind.NOTIFY,
+)
+
+
+class ErrorSource(str, enum.Enum):
+    INSTANCE_EXIT = "instance_exit"
+    HANG = "hang"
+    EXIT_HANG = "exit_hang"
+    C4D = "c4d"
+    PREEMPTION = "preemption"
+    NODE_LOST = "node_lost"
+    # A message sent by the training code through the SDK (custom messages).
+    SDK = "sdk"
+
+
+class Reason(str, enum.Enum):
+    """Why a decision was taken; stored with every fault record.
+
+    Rule files pick one of these for each response and limit, so the
+    vocabulary stays closed while the rules stay declarative.
+    """
+
+    INSTANCE_FAILED = "instance_failed"
+    RETRYABLE_FAILURE = "retryable_failure"
+    NON_RETRYABLE_FAILURE = "non_retryable_failure"
+    POLICY_NEVER = "policy_never"
+    CRITICAL_ROLE_FAILED = "critical_role_failed"
+    JOB_HANG = "job_hang"
+    EXIT_HANG = "exit_hang"
+    RESTARTS_DISABLED = "restarts_disabled"
+    RESTART_LIMIT_REACHED = "restart_limit_reached"
+    INSTANCE_RESTART_LIMIT_REACHED = "instance_restart_limit_reached"
+    SAME_ERROR_LIMIT_REACHED = "same_error_limit_reached"
+    FAILURE_RATE_EXCEEDED = "failure_rate_exceeded"
+    CUSTOM_MESSAGE = "custom_message"
+    ALL_INSTANCES_SUCCEEDED = "all_instances_succeeded"
+    INVALID_JOB = "invalid_job"
+
+
+class InstanceSpec(msgspec.Struct, frozen=True):
+    name: str  # e.g. "worker-1"
+    role: str  # worker, ps, chief, master
+    index: int  # index within the role
+    rank: int  # global rank across the job
+
+
+# ---------------------------------------------------------------- events
+
+
+class JobSubmitted(msgspec.Struct, frozen=True, tag="job_submitted"):
+    job_id: str
+    time: float
+    framework: str
+    args: str
+    instances: tuple[InstanceSpec, ...]
+
+
+class InstanceStarted(msgspec.Struct, frozen=True, tag="instance_started"):
+    job_id: str
+    time: float
+    instance: str
+    round: int
+    start: int  # how many times this instance was started before (0 first)
+    node: str = ""
+    pid: int = 0
+
+
+class LogLine(msgspec.Struct, frozen=True, tag="log_line"):
+    job_id: str
+    time: float
+    instance: str
+    round: int
+    start: int
+    text: str
+    stream: Stream = Stream.STDOUT
+
+
+class InstanceExited(msgspec.Struct, frozen=True, tag="instance_exited"):
+    job_id: str
+    time: float
+    instance: str
+    round: int
+    start: int
+    exit_code: int  # signals are reported shell-style: 128 + signal number
+
+
+class SdkOp(str, enum.Enum):
+    CUSTOM_MESSAGE = "custom_message"
+    SET_RETRYABLE_ERRORS = "set_retryable_errors"
+    SET_HANG_INTERVAL = "set_hang_interval"
+
+
+class SdkMessage(msgspec.Struct, frozen=True, tag="sdk_message"):
+    job_id: str
+    time: float
+    instance: str
+    round: int
+    start: int
+    op: SdkOp
+    content: str = ""
+    keywords: tuple[str, ...] = ()
+    # For SET_HANG_INTERVAL: seconds, -1 to switch off, None for the job's default.
+    interval: Optional[int] = None
+
+
+class Tick(msgspec.Struct, frozen=True, tag="tick"):
+    job_id: str
+    time: float
+
+
+Event = Union[JobSubmitted, InstanceStarted, LogLine, InstanceExited, SdkMessage, Tick]
+
+
+# ------------------------------------------------------------- decisions
+
+
+class Decision(msgspec.Struct, frozen=True):
+    kind: DecisionKind
+    reason: Reason
+    rule: str  # name of the rule (YAML) that decided
+    job_id: str
+    time: float
+    round: int  # the round in which the fault happened
+    action_id: str
+    error_source: Optional[ErrorSource] = None
+    instance: str = ""
+    node: str = ""
+    error_code: int = 0
+    error_message: str = ""
+    error_signature: str = ""
+    category: str = ""
+    classifier: str = ""  # the catalogue rule that judged the failure
+    detected_at: float = 0.0  # when the fault was observed (decision time may be later)
+    # For RESTART_INSTANCE: the start index the new incarnation will carry.
+    next_start: int = 0
+
+
+def action_id(job_id: str, *parts: object) -> str:
+    """A deterministic id: the same fault replayed gives the same id, so the
+    actuator can execute each action at most once."""
+    material = "\x1f".join([job_id, *(str(p) for p in parts)])
+    return hashlib.sha256(material.encode()).hexdigest()[:20]
