@@ -1,0 +1,123 @@
+"""``trainwarden``: argument parsing and dispatch only.
+
+Exit codes: 0 success (``run``: the job succeeded), 1 failure (``run``: the
+job failed; ``rules test``: a test failed), 2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Optional, Sequence
+
+from pipeline.cli.output import fail
+from pipeline.settings import SettingsError
+from pipeline.yamlsrc import ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one sentence and a hint, exit 2
+        sys.exit(fail(f"{message}.", hint=f"see '{self.prog} --help'"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trainwarden", description="Fault-tolerance engine for distributed training jobs.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    run = sub.add_parser("run", help="run a job on this machine, watched and restarted by the rules",
+                         description="trainwarden run JOB.yaml | trainwarden run [--nproc N] [--args ARGS] -- CMD ...")
+    run.add_argument("job_file", nargs="?", help="a job YAML file (or give the command after --)")
+    run.add_argument("--job-id", help="the job's id (default: made from the command and the time)")
+    run.add_argument("--nproc", type=int, default=1, help="instances of the command (role worker); default 1")
+    run.add_argument("--args", default=None, help='the arguments string, e.g. "--enable-job-restart=True"')
+    run.add_argument("--framework", default="pytorch", help="pytorch, mpi, tensorflow or elasticbatch")
+    run.add_argument("--stop-grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (default 10)")
+    _store_option(run)
+    run.add_argument("--rules", help="rules directory (default: the shipped rules)")
+    run.add_argument("--quiet", action="store_true", help="do not echo the instances' output")
+
+    history = sub.add_parser("history", help="fault records of one job or all jobs")
+    history.add_argument("--job", help="only this job")
+    history.add_argument("--aggregate", action="store_true",
+                         help="group by source, code, normalised message, node and instance")
+    history.add_argument("--jobs", action="store_true", help="list jobs instead of fault records")
+    history.add_argument("--stages", action="store_true", help="restart stage timings instead of fault records")
+    history.add_argument("--wide", action="store_true", help="also show reason, rule and category")
+    history.add_argument("--limit", type=int, default=None, help="at most this many rows (newest)")
+    history.add_argument("--json", action="store_true", help="JSON for machines")
+    _store_option(history)
+
+    classify = sub.add_parser("classify", help="the verdict the engine would reach for a failed instance's log")
+    classify.add_argument("file", help="a log file, or - for standard input")
+    classify.add_argument("--exit-code", type=int, default=1, help="the instance's exit code (default 1)")
+    classify.add_argument("--keyword", action="append", default=[],
+                          help="a custom retryable keyword, as set_retryable_errors would add (repeatable)")
+    classify.add_argument("--rules", help="rules directory (default: the shipped rules)")
+    classify.add_argument("--json", action="store_true", help="JSON for machines")
+
+    rules = sub.add_parser("rules", help="check and test rule files")
+    rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION", parser_class=_Parser)
+    rules_sub.required = True
+    validate = rules_sub.add_parser("validate", help="load a rules directory strictly and list its rules")
+    validate.add_argument("directory", nargs="?", help="rules directory (default: the shipped rules)")
+    validate.add_argument("--json", action="store_true")
+    test = rules_sub.add_parser("test", help="run rule unit tests (YAML timelines)")
+    test.add_argument("files", nargs="+", help="test files or directories of them")
+    test.add_argument("--rules", help="rules directory for every test file (default: each file's rule_files)")
+    test.add_argument("--json", action="store_true")
+    return parser
+
+
+def _store_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", help="history store directory (default: $TRAINWARDEN_STORE or the "
+                                        "per-user state directory)")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
+    args = build_parser().parse_args(argv)
+    # SIGTERM ends a run like Ctrl-C does: instances are stopped, history written.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _dispatch(args, command)
+    except SettingsError as exc:
+        return fail(str(exc), exc.hint or "see the flag table in the README")
+    except ConfigError as exc:
+        return fail(str(exc), exc.hint)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
+    from pipeline.store import StoreError
+
+    try:
+        if args.command == "run":
+            from pipeline.cli.run_cmd import cmd_run
+
+            return cmd_run(args, command)
+        if command:
+            return fail(f"'{args.command}' takes no command after '--'")
+        if args.command == "history":
+            from pipeline.cli.history_cmd import cmd_history
+
+            return cmd_history(args)
+        from pipeline.cli import rules_cmd
+
+        if args.command == "classify":
+            return rules_cmd.cmd_classify(args)
+        if args.rules_command == "validate":
+            return rules_cmd.cmd_validate(args)
+        return rules_cmd.cmd_test(args)
+    except StoreError as exc:
+        return fail(str(exc), getattr(exc, "hint", ""), code=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Terminal output: tables with rich, JSON for machines, one-sentence errors."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from typing import Iterable, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.events import Decision, DecisionKind, LogLine, Stream
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+out_console = Console(highlight=False, soft_wrap=True)
+
+
+def fail(message: str, hint: str = "", code: int = 2) -> int:
+    err_console.print(f"[bold red]trainwarden: error:[/] {_escape(message)}")
+    if hint:
+        err_console.print(f"[dim]hint: {_escape(hint)}[/]")
+    return code
+
+
+def _escape(text: str) -> str:
+    return text.replace("[", "\\[")
+
+
+def iso(ts: float) -> str:
+    if not ts:
+        return ""
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+def print_json(data: object) -> None:
+    sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+    t = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
+    for column in columns:
+        t.add_column(column, overflow="fold")
+    count = 0
+    for row in rows:
+        t.add_row(*("" if v is None else str(v) for v in row))
+        count += 1
+    if count == 0:
+        out_console.print(f"{title}: nothing recorded yet.")
+        return
+    out_console.print(t)
+
+
+_ACTION_STYLE = {
+    DecisionKind.RESTART_JOB: "yellow",
+    DecisionKind.RESTART_INSTANCE: "yellow",
+    DecisionKind.FAIL_JOB: "bold red",
+    DecisionKind.NOTIFY: "cyan",
+    DecisionKind.COMPLETE_JOB: "green",
+}
+
+
+class ConsoleReporter:
+    """What ``trainwarden run`` prints: instance output with a ``[worker-1]``
+    prefix on stdout/stderr, and the engine's decisions on stderr."""
+
+    def __init__(self, quiet_output: bool = False):
+        self.quiet_output = quiet_output
+
+    def line(self, event: LogLine) -> None:
+        if self.quiet_output:
+            return
+        stream = sys.stderr if event.stream is Stream.STDERR else sys.stdout
+        try:
+            stream.write(f"[{event.instance}] {event.text}\n")
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            self.quiet_output = True
+
+    def decision(self, d: Decision) -> None:
+        style = _ACTION_STYLE.get(d.kind, "magenta")
+        if d.kind is DecisionKind.COMPLETE_JOB:
+            err_console.print(f"[{style}]trainwarden ▸ every instance finished: the job succeeded[/]")
+            return
+        if d.kind is DecisionKind.NOTIFY:
+            err_console.print(f"[{style}]trainwarden ▸ message from {d.instance}: {_escape(d.error_message)}[/]")
+            return
+        what = d.error_source.value if d.error_source else "job"
+        who = f"{d.instance} " if d.instance else ""
+        code = f" (exit code {d.error_code})" if d.error_code else ""
+        judged = f", {d.category} by {d.classifier}" if d.classifier and d.classifier != d.rule else ""
+        err_console.print(
+            f"[{style}]trainwarden ▸ {who}{what}{code}{judged} → {d.kind.value}[/] "
+            f"[dim]reason {d.reason.value}, rule {d.rule}, round {d.round}[/]")
+        if d.error_message:
+            err_console.print(f"[dim]  {_escape(d.error_message[:300])}[/]")
+
+    def info(self, text: str) -> None:
+        err_console.print(f"[dim]trainwarden ▸ {_escape(text)}[/]")

@@ -1,0 +1,57 @@
+"""``trainwarden run``: a job file or a command, on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+from pipeline.cli.output import ConsoleReporter, err_console, fail
+from pipeline.jobspec import from_command, load_job_file
+from pipeline.rules.loader import load_rules
+from pipeline.services.embedded import EmbeddedRun
+from pipeline.settings import parse_args_string
+from pipeline.store import StoreError, default_store_dir, open_reader, open_writer
+
+
+def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
+    if args.job_file and command:
+        return fail("give either a job file or a command after '--', not both")
+    if args.job_file:
+        for flag, value in (("--nproc", args.nproc != 1), ("--args", args.args is not None)):
+            if value:
+                return fail(f"{flag} goes with a command after '--'; a job file sets it itself",
+                            hint="edit the job file instead")
+        job = load_job_file(args.job_file, job_id=args.job_id)
+    else:
+        job = from_command(command, args.nproc, args.args or "", args.job_id, args.framework)
+    if args.stop_grace is not None:
+        if not 0 <= args.stop_grace <= 3600:
+            return fail("--stop-grace must be from 0 to 3600 seconds")
+        job = dataclasses.replace(job, stop_grace_s=args.stop_grace)
+    parse_args_string(job.args)  # already checked; repeated so a bad string can never start a job
+    pack = load_rules(args.rules)
+    store_dir = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+    writer = open_writer(store_dir)
+    reporter = ConsoleReporter(quiet_output=args.quiet)
+    reporter.info(f"job {job.job_id}: {len(job.instances())} instances, history in {store_dir}")
+    result = EmbeddedRun(job, pack, writer, reporter).run()
+    _compact(store_dir)
+    colour = "green" if result.exit_code == 0 else "red"
+    extra = f", {result.dead_letters} dead letters" if result.dead_letters else ""
+    err_console.print(f"[{colour}]trainwarden ▸ job {result.job_id} {result.status}[/]"
+                      + (f" ({result.reason})" if result.reason else "")
+                      + f"; {result.rounds} job restarts{extra}. "
+                      + f"History: trainwarden history --job {result.job_id}"
+                      + (f" --store {store_dir}" if args.store else ""))
+    return result.exit_code
+
+
+def _compact(store_dir: str) -> None:
+    """Move this run's spooled records into the database now, if nobody else
+    holds the store; otherwise the next reader does it."""
+    try:
+        with open_reader(store_dir, wait_s=2.0) as reader:
+            reader.jobs(limit=1) if hasattr(reader, "jobs") else None
+    except (StoreError, TypeError):
+        pass

@@ -1,0 +1,70 @@
+"""Starts and stops one job's instances on this machine.
+
+Knows the job definition (commands, environment) and turns "start worker-1 in
+round 2" into a process with the right variables and a fresh SDK token.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+from pipeline.events import Event
+from pipeline.jobspec import JobDefinition, merged_env
+from pipeline.runtime.control import ControlServer, Incarnation
+from pipeline.runtime.environment import free_port, instance_env, sdk_import_dir
+from pipeline.runtime.local import LocalRuntime
+
+MASTER_ADDR = "127.0.0.1"
+
+
+class LocalJobRunner:
+    def __init__(self, job: JobDefinition, sink: Callable[[Event], None], control: ControlServer, node: str,
+                 run_dir: Path | None = None):
+        self.job = job
+        self.control = control
+        self.node = node
+        self.runtime = LocalRuntime(job.job_id, sink, node)
+        self._specs = {spec.name: spec for spec in job.instances()}
+        self._run_dir = Path(run_dir or tempfile.mkdtemp(prefix=f"trainwarden-{job.job_id}-"))
+        self._sdk_path = sdk_import_dir(self._run_dir)
+        self._tokens: dict[str, str] = {}
+        self._ports: dict[int, int] = {}
+
+    @property
+    def instance_names(self) -> list[str]:
+        return list(self._specs)
+
+    def master_port(self, round_: int) -> int:
+        # A free port per round: the previous round's port may linger in TIME_WAIT.
+        if round_ not in self._ports:
+            self._ports[round_] = free_port(MASTER_ADDR)
+        return self._ports[round_]
+
+    def start(self, name: str, round_: int, start: int) -> int:
+        spec = self._specs[name]
+        role = self.job.role(spec.role)
+        old = self._tokens.pop(name, None)
+        if old:
+            self.control.revoke(old)
+        token = self.control.issue_token(Incarnation(self.job.job_id, name, round_, start))
+        self._tokens[name] = token
+        env = instance_env(
+            base=os.environ, job_id=self.job.job_id, spec=spec, world_size=len(self._specs),
+            round_=round_, start=start, max_restarts=self.job.settings.max_num_of_job_restart,
+            master_addr=MASTER_ADDR, master_port=self.master_port(round_),
+            control_address=self.control.address, token=token, sdk_path=self._sdk_path,
+            extra=merged_env(self.job, role),
+        )
+        return self.runtime.start(name, role.command, env, self.job.workdir, round_, start)
+
+    def stop(self, names: Sequence[str]) -> None:
+        self.runtime.stop(names, self.job.stop_grace_s)
+
+    def stop_all(self) -> None:
+        self.runtime.stop_all(self.job.stop_grace_s)
+
+    def close(self) -> None:
+        self.runtime.close(self.job.stop_grace_s)

@@ -1,0 +1,251 @@
+"""Instances as local processes: the embedded default's "cluster".
+
+Each instance runs in its own process group (so a stop reaches its data
+loader children too). One I/O thread reads every pipe, splits lines (``\\n``,
+``\\r\\n`` and the ``\\r`` of progress bars), bounds their length, stamps them
+with the time they were read and hands LogLine events to the sink, followed
+by the InstanceExited event once the process is gone and its pipes drained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+from pipeline.events import Event, InstanceExited, InstanceStarted, LogLine, Stream
+
+MAX_LINE_BYTES = 16 * 1024
+POLL_S = 0.05
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+
+
+@dataclasses.dataclass
+class _Pipe:
+    name: str
+    stream: Stream
+    fd: int
+    buffer: bytearray = dataclasses.field(default_factory=bytearray)
+    discarding: bool = False  # inside an over-long line, dropping bytes until its end
+
+
+@dataclasses.dataclass
+class _Proc:
+    name: str
+    popen: subprocess.Popen
+    round: int
+    start: int
+    pipes: list
+    stopping: bool = False
+    gone: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+@dataclasses.dataclass
+class RuntimeCounters:
+    lines: int = 0
+    truncated_lines: int = 0
+    non_utf8_lines: int = 0
+
+
+class LocalRuntime:
+    def __init__(self, job_id: str, sink: Callable[[Event], None], node: str,
+                 max_line_bytes: int = MAX_LINE_BYTES):
+        self.job_id = job_id
+        self.node = node
+        self.max_line_bytes = max_line_bytes
+        self.counters = RuntimeCounters()
+        self._sink = sink
+        self._procs: dict[str, _Proc] = {}
+        self._lock = threading.Lock()
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._to_register: list[_Pipe] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._io_loop, name="runtime-io", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ control
+
+    def start(self, name: str, command: Sequence[str], env: dict, cwd: Optional[str],
+              round_: int, start: int) -> int:
+        popen = subprocess.Popen(
+            list(command), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )
+        pipes = []
+        for stream, handle in ((Stream.STDOUT, popen.stdout), (Stream.STDERR, popen.stderr)):
+            fd = os.dup(handle.fileno())
+            handle.close()
+            os.set_blocking(fd, False)
+            pipes.append(_Pipe(name, stream, fd))
+        proc = _Proc(name, popen, round_, start, pipes)
+        with self._lock:
+            self._procs[name] = proc
+        # The start event is queued before any of the instance's lines can be read.
+        self._sink(InstanceStarted(job_id=self.job_id, time=time.time(), instance=name, round=round_,
+                                   start=start, node=self.node, pid=popen.pid))
+        with self._lock:
+            self._to_register.extend(pipes)
+        os.write(self._wake_w, b"x")
+        return popen.pid
+
+    def running(self) -> list[str]:
+        with self._lock:
+            return list(self._procs)
+
+    def pid(self, name: str) -> Optional[int]:
+        with self._lock:
+            proc = self._procs.get(name)
+        return proc.popen.pid if proc else None
+
+    def stop(self, names: Sequence[str], grace_s: float) -> None:
+        """SIGTERM the instances' process groups, SIGKILL what is left after the
+        grace period, and return once every one of them is gone."""
+        with self._lock:
+            procs = [self._procs[n] for n in names if n in self._procs]
+        for proc in procs:
+            proc.stopping = True
+            _signal_group(proc.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            proc.gone.wait(max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if not proc.gone.is_set():
+                _signal_group(proc.popen.pid, signal.SIGKILL)
+        for proc in procs:
+            proc.gone.wait(10.0)
+
+    def stop_all(self, grace_s: float) -> None:
+        self.stop(self.running(), grace_s)
+
+    def close(self, grace_s: float = 5.0) -> None:
+        self.stop_all(grace_s)
+        self._closed = True
+        os.write(self._wake_w, b"x")
+        self._thread.join(5.0)
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+    # ------------------------------------------------------------ I/O thread
+
+    def _io_loop(self) -> None:
+        while not self._closed:
+            with self._lock:
+                pending, self._to_register = self._to_register, []
+            for pipe in pending:
+                self._selector.register(pipe.fd, selectors.EVENT_READ, pipe)
+            for key, _ in self._selector.select(POLL_S):
+                if key.data is None:
+                    _drain_wake(self._wake_r)
+                    continue
+                self._read(key.data)
+            self._reap()
+
+    def _read(self, pipe: _Pipe) -> bool:
+        """Read what is there; False once the pipe is closed."""
+        while True:
+            try:
+                chunk = os.read(pipe.fd, 65536)
+            except BlockingIOError:
+                return True
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._flush(pipe)
+                self._unregister(pipe)
+                return False
+            self._feed(pipe, chunk)
+            if len(chunk) < 65536:
+                return True
+
+    def _feed(self, pipe: _Pipe, chunk: bytes) -> None:
+        pipe.buffer += chunk
+        parts = _LINE_BREAK.split(bytes(pipe.buffer))
+        pipe.buffer = bytearray(parts.pop())
+        for part in parts:
+            if pipe.discarding:
+                pipe.discarding = False  # the end of the over-long line
+                continue
+            self._emit(pipe, part)
+        if len(pipe.buffer) > self.max_line_bytes:
+            if not pipe.discarding:
+                self.counters.truncated_lines += 1
+                self._emit(pipe, bytes(pipe.buffer[: self.max_line_bytes]), truncated=True)
+            pipe.discarding = True
+            pipe.buffer.clear()
+
+    def _flush(self, pipe: _Pipe) -> None:
+        if pipe.buffer and not pipe.discarding:
+            self._emit(pipe, bytes(pipe.buffer))
+        pipe.buffer.clear()
+
+    def _emit(self, pipe: _Pipe, raw: bytes, truncated: bool = False) -> None:
+        proc = self._procs.get(pipe.name)
+        if proc is None:
+            return
+        text = raw.decode("utf-8", errors="replace")
+        if "\ufffd" in text and b"\xef\xbf\xbd" not in raw:
+            self.counters.non_utf8_lines += 1
+        if truncated:
+            text += " …[line truncated]"
+        self.counters.lines += 1
+        self._sink(LogLine(job_id=self.job_id, time=time.time(), instance=pipe.name, round=proc.round,
+                           start=proc.start, text=text, stream=pipe.stream))
+
+    def _unregister(self, pipe: _Pipe) -> None:
+        try:
+            self._selector.unregister(pipe.fd)
+        except (KeyError, ValueError):
+            pass
+        try:
+            os.close(pipe.fd)
+        except OSError:
+            pass
+        pipe.fd = -1
+
+    def _reap(self) -> None:
+        with self._lock:
+            procs = list(self._procs.values())
+        for proc in procs:
+            code = proc.popen.poll()
+            if code is None:
+                continue
+            # Read what the process wrote before it died, but do not wait for
+            # pipes that orphaned children still hold open.
+            for pipe in proc.pipes:
+                if pipe.fd >= 0:
+                    self._read(pipe)
+                    self._flush(pipe)
+                    self._unregister(pipe)
+            # Children left behind by a dead instance are orphans: end them.
+            _signal_group(proc.popen.pid, signal.SIGKILL)
+            exit_code = 128 - code if code < 0 else code
+            self._sink(InstanceExited(job_id=self.job_id, time=time.time(), instance=proc.name,
+                                      round=proc.round, start=proc.start, exit_code=exit_code))
+            with self._lock:
+                if self._procs.get(proc.name) is proc:
+                    del self._procs[proc.name]
+            proc.gone.set()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _drain_wake(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass

@@ -1,0 +1,112 @@
+"""The SDK's wire protocol, shared by the client (job_monitor) and the servers.
+
+One JSON object per line over a local TCP connection, answered by one JSON
+object per line. Every request carries the instance's token (from
+``TRAINWARDEN_TOKEN``), which names the incarnation that sent it; the job's
+own stdout can therefore never speak for the SDK.
+
+Request:  {"v": 1, "token": "...", "op": "custom_message", "content": "..."}
+          {"v": 1, "token": "...", "op": "set_retryable_errors", "errors": ["..."]}
+          {"v": 1, "token": "...", "op": "set_hang_interval", "interval": 180 | -1 | null}
+Response: {"ok": true, "detail": "..."} or {"ok": false, "error": "..."}
+
+Only the standard library: this module is imported inside training code.
+"""
+
+from __future__ import annotations
+
+import json
+
+VERSION = 1
+MAX_REQUEST_BYTES = 64 * 1024
+MAX_CONTENT_CHARS = 16 * 1024
+MAX_KEYWORDS = 100
+MAX_KEYWORD_CHARS = 256
+MAX_INTERVAL_S = 30 * 24 * 3600
+
+OPS = ("custom_message", "set_retryable_errors", "set_hang_interval")
+# reset_config / Config(**params) accept these names; both set the calling
+# instance's hang interval.
+CONFIG_PARAMS = ("job_hang_interval", "enable_job_hang_detection")
+
+
+class ProtocolError(ValueError):
+    pass
+
+
+def check_interval(value: object) -> int | None:
+    """A hang interval from user code: positive seconds, -1 (off) or None (the job's)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError(f"a hang interval must be an integer number of seconds or -1, not {value!r}")
+    if value == -1 or 1 <= value <= MAX_INTERVAL_S:
+        return value
+    raise ProtocolError(f"a hang interval must be from 1 to {MAX_INTERVAL_S} seconds or -1 (off), not {value}")
+
+
+def interval_from_config(params: dict) -> tuple[bool, int | None]:
+    """(present, interval) for reset_config parameters; raises on unknown names."""
+    unknown = [name for name in params if name not in CONFIG_PARAMS]
+    if unknown:
+        raise ProtocolError(f"unknown parameter {unknown[0]!r}; allowed: {', '.join(CONFIG_PARAMS)}")
+    present = False
+    interval: int | None = None
+    if "job_hang_interval" in params:
+        present, interval = True, check_interval(params["job_hang_interval"])
+    if "enable_job_hang_detection" in params:
+        enabled = params["enable_job_hang_detection"]
+        if not isinstance(enabled, bool):
+            raise ProtocolError("enable_job_hang_detection must be True or False")
+        if not enabled:
+            present, interval = True, -1
+        elif not present:
+            present, interval = True, None
+    return present, interval
+
+
+def encode_request(token: str, op: str, **fields: object) -> bytes:
+    body = {"v": VERSION, "token": token, "op": op, **fields}
+    data = (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+    if len(data) > MAX_REQUEST_BYTES:
+        raise ProtocolError(f"the request is {len(data)} bytes; the most is {MAX_REQUEST_BYTES}")
+    return data
+
+
+def decode_request(line: bytes) -> dict:
+    """Parse and validate one request line; raises ProtocolError with a reason."""
+    if len(line) > MAX_REQUEST_BYTES:
+        raise ProtocolError(f"request longer than {MAX_REQUEST_BYTES} bytes")
+    try:
+        body = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"request is not UTF-8 JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("request must be a JSON object")
+    if body.get("v") != VERSION:
+        raise ProtocolError(f"unsupported protocol version {body.get('v')!r}; this engine speaks {VERSION}")
+    if not isinstance(body.get("token"), str):
+        raise ProtocolError("request has no token")
+    op = body.get("op")
+    if op == "custom_message":
+        content = body.get("content")
+        if not isinstance(content, str) or not content:
+            raise ProtocolError("custom_message needs a non-empty 'content' string")
+        if len(content) > MAX_CONTENT_CHARS:
+            raise ProtocolError(f"custom_message content is over {MAX_CONTENT_CHARS} characters")
+    elif op == "set_retryable_errors":
+        errors = body.get("errors")
+        if not isinstance(errors, list) or not all(isinstance(e, str) and e.strip() for e in errors):
+            raise ProtocolError("set_retryable_errors needs a list of non-empty strings")
+        if len(errors) > MAX_KEYWORDS or any(len(e) > MAX_KEYWORD_CHARS for e in errors):
+            raise ProtocolError(f"at most {MAX_KEYWORDS} keywords of at most {MAX_KEYWORD_CHARS} characters")
+    elif op == "set_hang_interval":
+        body["interval"] = check_interval(body.get("interval"))
+    else:
+        raise ProtocolError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+    return body
+
+
+def encode_response(ok: bool, text: str = "") -> bytes:
+    body = {"ok": ok, "detail" if ok else "error": text}
+    return (json.dumps(body, ensure_ascii=False) + "\n").encode("utf-8")
