@@ -82,9 +82,13 @@ def load_yaml(text: str | bytes, path: str | Path = "<string>") -> Any:
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
+        # An unclosed bracket or quote is reported at the end of the file; the
+        # place where it was opened (the context) is where to look.
+        mark = exc.context_mark or exc.problem_mark
         line = mark.line + 1 if mark else 0
-        problem = exc.problem or exc.context or "invalid YAML"
+        problem = exc.problem or "invalid YAML"
+        if exc.context and exc.problem_mark:
+            problem += f" ({exc.context}, found at line {exc.problem_mark.line + 1})"
         raise ConfigError(f"invalid YAML: {problem}", path, line) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", path) from None

@@ -1,0 +1,61 @@
+"""What every history backend offers, the one error type, and where the store lives."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol, Sequence, Union, runtime_checkable
+
+from pipeline.store.records import DeadLetter, FaultRecord, JobRecord, RestartStages
+
+Record = Union[FaultRecord, RestartStages, JobRecord, DeadLetter]
+
+
+class StoreError(Exception):
+    """One sentence saying what went wrong with the history store, and a hint
+    saying what the user can do about it (the CLI prints both)."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+@runtime_checkable
+class HistoryReader(Protocol):
+    """Query results are lists of dicts; times are float seconds since the epoch."""
+
+    def faults(self, job_id: str | None = None, limit: int | None = None) -> list[dict]: ...
+
+    def aggregate(self, job_id: str | None = None) -> list[dict]: ...
+
+    def restart_stages(self, job_id: str | None = None) -> list[dict]: ...
+
+    def jobs(self, job_id: str | None = None, limit: int | None = None) -> list[dict]: ...
+
+    def dead_letters(self, limit: int = 100) -> list[dict]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "HistoryReader": ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+@runtime_checkable
+class HistoryWriter(Protocol):
+    def write(self, records: Sequence[Record]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def default_store_dir() -> Path:
+    """$TRAINWARDEN_STORE, else the XDG state directory (history is state, not cache:
+    losing it loses information)."""
+    explicit = os.environ.get("TRAINWARDEN_STORE")
+    if explicit:
+        return Path(explicit).expanduser()
+    state = os.environ.get("XDG_STATE_HOME")
+    # XDG says relative values are invalid and must be ignored.
+    base = Path(state) if state and os.path.isabs(state) else Path.home() / ".local" / "state"
+    return base / "trainwarden" / "store"

@@ -1,0 +1,66 @@
+"""Event builders for engine tests: a job with a pinned clock."""
+
+from __future__ import annotations
+
+from pipeline.engine import start_job, step
+from pipeline.engine.virtual import instance_specs
+from pipeline.events import (
+    Decision,
+    InstanceExited,
+    InstanceStarted,
+    JobSubmitted,
+    LogLine,
+    SdkMessage,
+    SdkOp,
+    Tick,
+)
+from pipeline.rules.loader import load_rules
+
+PACK = load_rules()
+T0 = 1_700_000_000.0
+
+
+class Job:
+    """A job whose instances all start at T0; ``at(seconds)`` pins the clock."""
+
+    def __init__(self, args: str, roles=(("worker", 2),), job_id: str = "job-1"):
+        self.job_id = job_id
+        self.now = T0
+        self.state, self.decisions = start_job(
+            JobSubmitted(job_id=job_id, time=T0, framework="pytorch", args=args,
+                         instances=instance_specs(roles)), PACK, T0)
+        for name in self.state.instances:
+            self.feed(InstanceStarted(job_id=job_id, time=T0, instance=name, round=0, start=0))
+
+    def at(self, seconds: float) -> "Job":
+        self.now = T0 + seconds
+        return self
+
+    def feed(self, event) -> list[Decision]:
+        self.state, decisions = step(self.state, event, self.now)
+        self.decisions.extend(decisions)
+        return decisions
+
+    def where(self, name: str) -> dict:
+        return {"round": self.state.round, "start": self.state.instances[name].start}
+
+    def tick(self) -> list[Decision]:
+        return self.feed(Tick(job_id=self.job_id, time=self.now))
+
+    def log(self, name: str, text: str = "step") -> list[Decision]:
+        return self.feed(LogLine(job_id=self.job_id, time=self.now, instance=name, text=text, **self.where(name)))
+
+    def exit(self, name: str, code: int, *tail: str) -> list[Decision]:
+        for line in tail:
+            self.log(name, line)
+        return self.feed(InstanceExited(job_id=self.job_id, time=self.now, instance=name, exit_code=code,
+                                        **self.where(name)))
+
+    def sdk(self, name: str, op: SdkOp, **fields) -> list[Decision]:
+        return self.feed(SdkMessage(job_id=self.job_id, time=self.now, instance=name, op=op, **fields,
+                                    **self.where(name)))
+
+    def restart_all(self) -> None:
+        for name, inst in self.state.instances.items():
+            self.feed(InstanceStarted(job_id=self.job_id, time=self.now, instance=name,
+                                      round=self.state.round, start=inst.start))

@@ -1,0 +1,45 @@
+from pipeline.classify import classify, last_exception_line, normalise
+from pipeline.rules.loader import load_rules
+
+PACK = load_rules()
+
+
+def test_numbers_paths_and_addresses_are_masked_in_a_signature():
+    assert normalise("[rank3]: ValueError: bad 42 at 0xdeadbeef in /a/b/c.py") == "ValueError: bad <n> at <hex> in <path>"
+
+
+def test_the_last_exception_line_skips_rank_prefixes_and_trailing_noise():
+    tail = ["Traceback (most recent call last):", '  File "t.py", line 3', "[rank1]: KeyError: 'x'", "", "bye"]
+    assert last_exception_line(tail) == "KeyError: 'x'"
+
+
+def test_a_hardware_fault_outranks_the_nccl_errors_it_causes():
+    verdict = classify(PACK, 1, ["NCCL error: unhandled cuda error", "CUDA error: uncorrectable ECC error encountered"])
+    assert verdict.retryable and verdict.category == "gpu_hardware"
+
+
+def test_cuda_oom_is_not_retryable():
+    verdict = classify(PACK, 1, ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"])
+    assert not verdict.retryable and verdict.rule == "cuda_out_of_memory"
+
+
+def test_a_sigkill_without_a_log_is_a_retryable_platform_signal():
+    verdict = classify(PACK, 137, [])
+    assert verdict.retryable and verdict.rule == "killed_by_platform"
+
+
+def test_custom_keywords_match_case_insensitively_and_win():
+    verdict = classify(PACK, 1, ["ValueError: Error_YYY in shard"], ["error_yyy"])
+    assert verdict.retryable and verdict.rule == "sdk:custom_keyword"
+
+
+def test_broad_user_errors_are_told_apart_by_their_message():
+    a = classify(PACK, 1, ["ValueError: bad shape 3"]).signature
+    b = classify(PACK, 1, ["ValueError: bad shape 4"]).signature
+    c = classify(PACK, 1, ["ValueError: other thing"]).signature
+    assert a == b != c
+
+
+def test_only_the_bounded_tail_is_scanned():
+    lines = ["RuntimeError: NCCL error"] + ["ok"] * PACK.tail_lines
+    assert classify(PACK, 1, lines).rule == "user_exit_code"
