@@ -1,8 +1,8 @@
 """A small data-parallel training job with fault injection, for `trainwarden run`.
 
 With PyTorch installed it trains a tiny regression model with DDP over gloo on
-CPU; without it, a plain-Python stand-in does the same arithmetic and
-averages gradients through files (so the example runs anywhere).
+CPU; without it, a plain-Python stand-in does the same arithmetic on each
+rank's shard, without exchanging gradients (so the example runs anywhere).
 
 It uses the SDK the way real jobs do: retryable keywords, a custom message
 on NaN, and staged hang detection (a long interval for start-up, a short one
@@ -104,7 +104,7 @@ class Trainer:
                 self.model.weight.fill_(self.w)
                 self.model.bias.fill_(self.b)
             self.ddp = torch.nn.parallel.DistributedDataParallel(self.model)
-            self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.05)
+            self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.2)
             self.backend = "torch/gloo"
         except ImportError:
             self.torch = None
@@ -129,8 +129,8 @@ class Trainer:
             loss += err * err / len(xs)
             grads[0] += 2 * err * x / len(xs)
             grads[1] += 2 * err / len(xs)
-        self.w -= 0.05 * grads[0]
-        self.b -= 0.05 * grads[1]
+        self.w -= 0.2 * grads[0]
+        self.b -= 0.2 * grads[1]
         return loss
 
 

@@ -116,7 +116,8 @@ def _env(fields: Fields, key: str) -> tuple[tuple[str, str], ...]:
 
 def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefinition:
     path = Path(path)
-    top = Fields(load_yaml_file(path), path, "a job file")
+    top = Fields(load_yaml_file(path), path, "a job file",
+                 known=("job_id", "framework", "args", "workdir", "env", "stop_grace_s", "roles"))
     framework = top.get("framework", str, "pytorch")
     if framework not in FRAMEWORKS:
         raise top.error("framework", f"'framework' must be one of {', '.join(FRAMEWORKS)}, not {framework!r}")
@@ -131,7 +132,8 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
         if name not in ROLE_ORDER:
             raise ConfigError(f"unknown role {name!r}; roles are {', '.join(ROLE_ORDER)}", path,
                               roles_raw.line_of(name))
-        role = Fields(roles_raw[name], path, f"role '{name}'", roles_raw.line_of(name))
+        role = Fields(roles_raw[name], path, f"role '{name}'", roles_raw.line_of(name),
+                      known=("count", "command", "env"))
         count = role.get("count", int, 1)
         if not 1 <= count <= MAX_INSTANCES:
             raise role.error("count", f"'count' must be from 1 to {MAX_INSTANCES}")

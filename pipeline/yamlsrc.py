@@ -110,13 +110,17 @@ class Fields:
     rejects every key nobody asked for, naming its line.
     """
 
-    def __init__(self, mapping: Any, path: str | Path, what: str, line: int = 0):
+    def __init__(self, mapping: Any, path: str | Path, what: str, line: int = 0, known: tuple[str, ...] = ()):
         if not isinstance(mapping, dict):
             raise ConfigError(f"{what} must be a mapping", path, getattr(mapping, "line", line) or line)
         self.mapping = mapping
         self.path = path
         self.what = what
         self.seen: set[str] = set()
+        if known:
+            # Checked first: a misspelt key explains a "missing" one better.
+            self.seen.update(known)
+            self.done()
 
     def line(self, key: str | None = None) -> int:
         if key is not None and isinstance(self.mapping, LineDict):

@@ -33,9 +33,9 @@ def _faults(rows: list[dict], args: argparse.Namespace) -> int:
                "message"] + (["reason", "rule", "category"] if args.wide else [])
     table("Fault records", columns, (
         [iso(r["time"]), r["job_id"], r["round"], r["node_name"], r["instance_name"], r["error_code"],
-         r["error_source"], r["action"], r["result"], f"{r['duration_s']:.2f}", r["error_message"][:120]]
+         r["error_source"], r["action"], r["result"], f"{r['duration_s']:.2f}", r["error_message"]]
         + ([r["reason"], r["rule"], r["category"]] if args.wide else [])
-        for r in rows))
+        for r in rows), wide=("message",))
     return 0
 
 
@@ -44,8 +44,8 @@ def _aggregate(rows: list[dict], args: argparse.Namespace) -> int:
         print_json(rows)
         return 0
     table("Aggregated fault details", ["count", "source", "code", "error", "node", "instance", "first", "last"], (
-        [r["count"], r["error_source"], r["error_code"], r["error_signature"][:100], r["node_name"],
-         r["instance_name"], iso(r["first_time"]), iso(r["last_time"])] for r in rows))
+        [r["count"], r["error_source"], r["error_code"], r["error_signature"] or r["error_message"], r["node_name"],
+         r["instance_name"], iso(r["first_time"]), iso(r["last_time"])] for r in rows), wide=("error",))
     return 0
 
 

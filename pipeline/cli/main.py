@@ -75,13 +75,28 @@ def _store_option(parser: argparse.ArgumentParser) -> None:
                                         "per-user state directory)")
 
 
+def _join_args_value(argv: list[str]) -> list[str]:
+    """``--args "--enable-job-restart=True"``: argparse would take the value for
+    an option of its own, so join it as ``--args=...``."""
+    joined: list[str] = []
+    index = 0
+    while index < len(argv):
+        if argv[index] == "--args" and index + 1 < len(argv):
+            joined.append("--args=" + argv[index + 1])
+            index += 2
+            continue
+        joined.append(argv[index])
+        index += 1
+    return joined
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_join_args_value(argv))
     # SIGTERM ends a run like Ctrl-C does: instances are stopped, history written.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:

@@ -13,7 +13,8 @@ from rich.table import Table
 from pipeline.events import Decision, DecisionKind, LogLine, Stream
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-out_console = Console(highlight=False, soft_wrap=True)
+# Piped output keeps whole rows rather than wrapping at rich's default of 80 columns.
+out_console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 220)
 
 
 def fail(message: str, hint: str = "", code: int = 2) -> int:
@@ -28,10 +29,11 @@ def _escape(text: str) -> str:
 
 
 def iso(ts: float) -> str:
+    """UTC, to the millisecond, readable in a table."""
     if not ts:
         return ""
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
+    moment = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
 
 
 def print_json(data: object) -> None:
@@ -39,10 +41,14 @@ def print_json(data: object) -> None:
     sys.stdout.flush()
 
 
-def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
-    t = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]], wide: Sequence[str] = ()) -> None:
+    """Columns named in ``wide`` may take the room left and are cut with an ellipsis."""
+    t = Table(title=title, title_justify="left", show_lines=False, header_style="bold", box=None, pad_edge=False)
     for column in columns:
-        t.add_column(column, overflow="fold")
+        if column in wide:
+            t.add_column(column, overflow="ellipsis", no_wrap=True, max_width=90)
+        else:
+            t.add_column(column, no_wrap=True)
     count = 0
     for row in rows:
         t.add_row(*("" if v is None else str(v) for v in row))

@@ -51,7 +51,7 @@ def _compact(store_dir: str) -> None:
     """Move this run's spooled records into the database now, if nobody else
     holds the store; otherwise the next reader does it."""
     try:
-        with open_reader(store_dir, wait_s=2.0) as reader:
-            reader.jobs(limit=1) if hasattr(reader, "jobs") else None
-    except (StoreError, TypeError):
+        with open_reader(store_dir, wait_s=2.0):
+            pass  # opening ingests the spool
+    except StoreError:
         pass

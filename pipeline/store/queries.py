@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Iterable, Mapping, Protocol
 
 import msgspec
 
-from pipeline.store.schema import BY_NAME, Table, check, clickhouse_rows, decode_result
+from pipeline.store.schema import BY_NAME, Table, check, clickhouse_rows, decode_result, table_of
 
 # ClickHouse has no "no limit" value for LIMIT; the largest UInt64 is one.
 _NO_LIMIT = 2**64 - 1
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _JOB = "({job_id:Nullable(String)} IS NULL OR job_id = {job_id:Nullable(String)})"
 
+FAULTS = BY_NAME["fault_records"]
+STAGES = BY_NAME["restart_stages"]
+JOBS = BY_NAME["jobs"]
+LETTERS = BY_NAME["dead_letters"]
+
 
 class Sql(Protocol):
-    """A connection inside the history database (set as its current database)."""
+    """A connection whose current database is the history database."""
 
     def execute(self, statement: str) -> None: ...
 
@@ -37,8 +42,27 @@ class Sql(Protocol):
 def quote_identifier(name: str) -> str:
     """A database name for DDL, which cannot take it as a query parameter."""
     if not _IDENTIFIER.fullmatch(name):
-        raise ValueError(f"{name!r} is not a plain ClickHouse identifier (letters, digits, _)")
+        raise ValueError(f"{name!r} is not a plain ClickHouse identifier (letters, digits and _)")
     return f"`{name}`"
+
+
+# ClickHouse's escaped text format, the form the query-parameter protocol takes
+# values in (chDB passes them through raw; clickhouse-connect escapes its own).
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": "\\0",
+                          "\b": "\\b", "\f": "\\f", "'": "\\'"})
+
+
+def param_text(value: object) -> str:
+    """A query parameter value as protocol text: None is NULL, strings escaped."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return value.translate(_ESCAPES)
+    raise TypeError(f"no query parameter form for {type(value).__name__}")
 
 
 def parse_rows(data: bytes) -> list[dict]:
@@ -52,11 +76,88 @@ def insert_statement(table: Table) -> str:
 
 
 def insert_records(sql: Sql, records: Iterable[msgspec.Struct], checked: bool = False) -> int:
-    """Insert records of any of the tables, one statement per table."""
+    """Insert records of any of the tables, one statement per table; returns the count.
+
+    Unless ``checked``, every record is validated first so that nothing is
+    inserted when one of them is wrong."""
     by_table: dict[Table, list] = defaultdict(list)
     for record in records:
-        table = BY_NAME[type(record).__name__] if False else None  # placeholder replaced below
-        by_table[check(record) if not checked else _table(record)].append(record)
+        by_table[table_of(record) if checked else check(record)].append(record)
     for table, rows in by_table.items():
         sql.insert(insert_statement(table), clickhouse_rows(table, rows))
     return sum(len(rows) for rows in by_table.values())
+
+
+def _columns(table: Table) -> str:
+    # Times leave as integer milliseconds: exact in JSON, unlike a float or a
+    # formatted string, whatever the output settings.
+    return ", ".join(f"toUnixTimestamp64Milli({c}) AS {c}_ms" if c in table.times else c
+                     for c in table.columns)
+
+
+def _newest(table: Table, order: str, where: str = "1") -> str:
+    """The newest ``limit`` rows of ``table`` (FINAL: one per key), oldest first."""
+    descending = ", ".join(f"{c} DESC" for c in order.split(", "))
+    ascending = ", ".join(f"{c}_ms" if c in table.times else c for c in order.split(", "))
+    return (f"SELECT * FROM (SELECT {_columns(table)} FROM {table.name} FINAL WHERE {where}"
+            f" ORDER BY {descending} LIMIT {{limit:UInt64}}) ORDER BY {ascending}")
+
+
+FAULTS_SQL = _newest(FAULTS, "time, record_id", _JOB)
+JOBS_SQL = _newest(JOBS, "submitted_at, job_id", _JOB)
+LETTERS_SQL = _newest(LETTERS, "time, source, job_id")
+STAGES_SQL = (f"SELECT {_columns(STAGES)} FROM restart_stages FINAL WHERE {_JOB}"
+              " ORDER BY detected_at, record_id, instance_name")
+# The inner query renames message and time so that the aggregates below do not
+# read their own output aliases (error_message would be one).
+AGGREGATE_SQL = f"""
+SELECT error_source, error_code, error_signature, argMax(message, at) AS error_message,
+       node_name, instance_name, count() AS count,
+       toUnixTimestamp64Milli(min(at)) AS first_time_ms, toUnixTimestamp64Milli(max(at)) AS last_time_ms
+FROM (
+    SELECT error_source, error_code, error_signature, error_message AS message,
+           node_name, instance_name, time AS at
+    FROM fault_records FINAL
+    WHERE {_JOB}
+)
+GROUP BY error_source, error_code, error_signature, node_name, instance_name
+ORDER BY count DESC, last_time_ms DESC, error_source, error_code, error_signature, node_name, instance_name
+"""
+
+
+def _limit(limit: int | None) -> int:
+    if limit is None:
+        return _NO_LIMIT
+    if limit < 0:
+        raise ValueError(f"limit must be 0 or more, not {limit}")
+    return limit
+
+
+def _decode(table: Table, rows: list[dict]) -> list[dict]:
+    return decode_result(rows, table.times, table.ints, table.floats)
+
+
+def faults(sql: Sql, job_id: str | None = None, limit: int | None = None) -> list[dict]:
+    """The newest version of each fault record, ordered by time and record_id;
+    with a limit, the last ``limit`` of them."""
+    return _decode(FAULTS, sql.select(FAULTS_SQL, {"job_id": job_id, "limit": _limit(limit)}))
+
+
+def aggregate(sql: Sql, job_id: str | None = None) -> list[dict]:
+    """Fault records grouped by source, code, signature, node and instance; most frequent first."""
+    rows = sql.select(AGGREGATE_SQL, {"job_id": job_id})
+    return decode_result(rows, ("first_time", "last_time"), ("error_code", "count"))
+
+
+def restart_stages(sql: Sql, job_id: str | None = None) -> list[dict]:
+    return _decode(STAGES, sql.select(STAGES_SQL, {"job_id": job_id}))
+
+
+def jobs(sql: Sql, job_id: str | None = None, limit: int | None = None) -> list[dict]:
+    """Jobs by submission time; with a limit, the most recently submitted."""
+    return _decode(JOBS, sql.select(JOBS_SQL, {"job_id": job_id, "limit": _limit(limit)}))
+
+
+def dead_letters(sql: Sql, limit: int = 100) -> list[dict]:
+    """The newest ``limit`` dead letters, oldest first."""
+    return _decode(LETTERS, sql.select(LETTERS_SQL, {"limit": _limit(limit)}))

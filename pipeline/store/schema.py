@@ -8,8 +8,9 @@ types are in migrations/*.sql and a test checks that both agree.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
+import functools
 import math
+import time
 from typing import Iterable
 
 import msgspec
@@ -24,7 +25,6 @@ _TIME_MAX = 10413791999.999  # 2299-12-31 23:59:59.999
 _UINT32 = (0, 2**32 - 1)
 _INT32 = (-(2**31), 2**31 - 1)
 _INT_RANGES = {"round": _UINT32, "error_code": _INT32, "instances": _UINT32, "rounds": _UINT32}
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,15 +33,15 @@ class Table:
     struct: type
     times: tuple[str, ...]  # DateTime64(3, 'UTC') columns, float seconds in Python
 
-    @property
+    @functools.cached_property
     def columns(self) -> tuple[str, ...]:
         return self.struct.__struct_fields__
 
-    @property
+    @functools.cached_property
     def ints(self) -> tuple[str, ...]:
         return tuple(c for c in self.columns if c in _INT_RANGES)
 
-    @property
+    @functools.cached_property
     def floats(self) -> tuple[str, ...]:
         hints = self.struct.__annotations__
         return tuple(c for c in self.columns if c not in self.times and hints[c] in (float, "float"))
@@ -72,10 +72,12 @@ def check(record: msgspec.Struct) -> Table:
     msgspec structs do not check types on construction, and ClickHouse would
     coerce or clamp a wrong value instead of refusing it, so this is the only
     place where a bad value can be stopped before it is stored wrongly."""
+    table = table_of(record)
     try:
-        table = table_of(record)
-        msgspec.convert(msgspec.to_builtins(record), type(record))
-    except (TypeError, msgspec.ValidationError) as exc:
+        # The round trip the record will make: JSON in the spool, then JSON
+        # into ClickHouse. It also refuses NaN (JSON null) and lone surrogates.
+        msgspec.json.decode(msgspec.json.encode(record), type=type(record))
+    except (TypeError, UnicodeError, msgspec.ValidationError) as exc:
         raise ValueError(f"{type(record).__name__}: {exc}") from None
     for column in table.ints:
         low, high = _INT_RANGES[column]
@@ -94,9 +96,8 @@ def time_text(seconds: float) -> str:
 
     Text, not a number: ClickHouse reads a number as seconds or as ticks
     depending on its shape and settings, but this form only one way."""
-    ms = round(seconds * 1000)
-    moment = _EPOCH + dt.timedelta(milliseconds=ms)
-    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d}"
+    whole, ms = divmod(round(seconds * 1000), 1000)
+    return "%04d-%02d-%02d %02d:%02d:%02d.%03d" % (time.gmtime(whole)[:6] + (ms,))
 
 
 def clickhouse_rows(table: Table, records: Iterable[msgspec.Struct]) -> bytes:

@@ -10,6 +10,10 @@
 -- again when done) and a spool segment may be ingested twice after a crash,
 -- so every table is a ReplacingMergeTree and every query reads with FINAL.
 --
+-- fsync on insert: the embedded store deletes a spool segment right after
+-- inserting it, so by then the rows must be on disk, not in the page cache.
+-- (Inserts are small and rare; the cost is a few milliseconds.)
+--
 -- No TTL: keeping the history is the point of this store, and how long to
 -- keep it is a site decision, e.g.
 --   ALTER TABLE fault_records MODIFY TTL toDateTime(time) + INTERVAL 1 YEAR;
@@ -47,7 +51,8 @@ CREATE TABLE IF NOT EXISTS fault_records
 )
 ENGINE = ReplacingMergeTree(updated_at)
 PARTITION BY toYYYYMM(time)
-ORDER BY (job_id, record_id);
+ORDER BY (job_id, record_id)
+SETTINGS fsync_after_insert = 1, fsync_part_directory = 1;
 
 -- instance_name is part of the key so that one restart decision that touches
 -- several instances keeps one row per instance.
@@ -65,7 +70,8 @@ CREATE TABLE IF NOT EXISTS restart_stages
     updated_at DateTime64(3, 'UTC')
 )
 ENGINE = ReplacingMergeTree(updated_at)
-ORDER BY (job_id, record_id, instance_name);
+ORDER BY (job_id, record_id, instance_name)
+SETTINGS fsync_after_insert = 1, fsync_part_directory = 1;
 
 CREATE TABLE IF NOT EXISTS jobs
 (
@@ -82,7 +88,8 @@ CREATE TABLE IF NOT EXISTS jobs
     updated_at DateTime64(3, 'UTC')
 )
 ENGINE = ReplacingMergeTree(updated_at)
-ORDER BY job_id;
+ORDER BY job_id
+SETTINGS fsync_after_insert = 1, fsync_part_directory = 1;
 
 -- A dead letter has no id of its own: the whole row is the key, so the same
 -- letter ingested twice is one row while two different letters in the same
@@ -96,4 +103,5 @@ CREATE TABLE IF NOT EXISTS dead_letters
     payload String
 )
 ENGINE = ReplacingMergeTree
-ORDER BY (time, source, job_id, error, payload);
+ORDER BY (time, source, job_id, error, payload)
+SETTINGS fsync_after_insert = 1, fsync_part_directory = 1;

@@ -6,6 +6,7 @@ TRAINWARDEN_INSTANCE_RESTARTS (--*-starts).
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -45,9 +46,11 @@ def main():
     p.add_argument("--scope-rounds", default="all")
     p.add_argument("--finish-rank", default="", help="these ranks finish after one step")
     p.add_argument("--linger-rank", default="", help="these ranks stay silent and never finish")
+    p.add_argument("--linger-rounds", default="all")
     p.add_argument("--message", default="")
     p.add_argument("--child", action="store_true", help="start a data-loader child that sleeps")
-    p.add_argument("--run-forever", action="store_true", help="(ps) print slowly until stopped")
+    p.add_argument("--serve-role", default="", help="instances of these roles print until stopped (ps)")
+    p.add_argument("--env", action="store_true", help="print the Trainwarden and torchrun variables")
     a = p.parse_args()
 
     monitor = jm.Monitor(config=jm.PyTorchConfig())
@@ -60,22 +63,26 @@ def main():
         print(f"message {st.to_string()}", flush=True)
     if a.child:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    if a.run_forever and not chosen(a.fail_role, ROLE):
-        while True:
-            print(f"{NAME} serving pid={os.getpid()}", flush=True)
-            time.sleep(0.2)
-    if a.linger_rank and chosen(a.linger_rank, RANK):
+    if a.env:
+        keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TRAINWARDEN_JOB_ID",
+                "TRAINWARDEN_INSTANCE", "TRAINWARDEN_RESTART_ROUND", "TRAINWARDEN_INSTANCE_RESTARTS",
+                "TORCHELASTIC_RESTART_COUNT", "TRAINWARDEN_CALLER")
+        print("env " + json.dumps({k: ENV.get(k) for k in keys}), flush=True)
+    if a.linger_rank and chosen(a.linger_rank, RANK) and chosen(a.linger_rounds, ROUND):
         time.sleep(600)
     if a.scope_interval is not None and chosen(a.scope_rounds, ROUND):
         @jm.hang_detect(a.scope_interval)
         def evaluate():
-            print(f"scope {a.scope_interval} entered", flush=True)
+            print(f"scope {a.scope_interval} entered at {time.time():.3f}", flush=True)
             time.sleep(a.scope_silent_s)
 
         evaluate()
         print("scope left", flush=True)
     steps = 1 if a.finish_rank and chosen(a.finish_rank, RANK) else a.steps
-    for step in range(steps):
+    serving = bool(a.serve_role) and chosen(a.serve_role, ROLE)
+    step = -1
+    while serving or step + 1 < steps:
+        step += 1
         print(f"step {step} pid={os.getpid()}", flush=True)
         fail_here = (a.fail_rank and chosen(a.fail_rank, RANK)) or (a.fail_role and chosen(a.fail_role, ROLE))
         if fail_here and step == a.fail_at_step and chosen(a.fail_rounds, ROUND) and chosen(a.fail_starts, START):
@@ -83,6 +90,7 @@ def main():
                 print(a.fail_message, file=sys.stderr, flush=True)
             sys.exit(a.fail_code)
         if a.hang_rank and chosen(a.hang_rank, RANK) and step == a.hang_at_step and chosen(a.hang_rounds, ROUND):
+            print(f"hanging at {time.time():.3f}", flush=True)
             time.sleep(600)
         time.sleep(a.step_s)
     print(f"done {NAME}", flush=True)

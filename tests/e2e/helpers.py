@@ -1,0 +1,26 @@
+"""Running ``trainwarden run`` with the behave.py stand-in job."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+BEHAVE = str(Path(__file__).resolve().parent / "programs" / "behave.py")
+
+
+def run_behave(cli, job_id: str, args: str, *behave: str, nproc: int = 2, timeout: float = 120,
+               extra: tuple = ()):
+    return cli("run", "--job-id", job_id, "--nproc", str(nproc), "--args", args, "--stop-grace", "1", *extra,
+               "--", sys.executable, BEHAVE, *behave, timeout=timeout)
+
+
+def pids_by_instance(stdout: str) -> dict[str, set[int]]:
+    found: dict[str, set[int]] = {}
+    for name, pid in re.findall(r"^\[([\w-]+)\] (?:step \d+|hello .*?) pid=(\d+)", stdout, re.M):
+        found.setdefault(name, set()).add(int(pid))
+    return found
+
+
+def actions(records: list[dict]) -> list[tuple[str, str]]:
+    return [(r["action"], r["result"]) for r in records]
