@@ -237,7 +237,12 @@ def defaults_table() -> list[tuple[str, str, str]]:
     rows = []
     for name, spec in FLAGS.items():
         value = default.flag_value(name)
-        shown = {True: "True", False: "False"}.get(value, value) if isinstance(value, bool) else value
+        if isinstance(value, bool):
+            shown = "True" if value else "False"
+        elif isinstance(value, float) and value.is_integer():
+            shown = int(value)
+        else:
+            shown = value
         if name == "c4d-common-envs":
             shown = "(C4D defaults)"
         rows.append((f"--{name}", str(shown), spec.meaning))
