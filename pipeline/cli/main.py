@@ -7,6 +7,7 @@ job failed; ``rules test``: a test failed), 2 usage or configuration error.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from typing import Optional, Sequence
@@ -107,6 +108,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return fail(str(exc), exc.hint)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a user sees one sentence, not a traceback
+        if os.environ.get("TRAINWARDEN_DEBUG"):
+            raise
+        return fail(f"internal error: {exc!r}", hint="this is a bug; rerun with TRAINWARDEN_DEBUG=1 for the "
+                    "traceback and report it", code=1)
 
 
 def _dispatch(args: argparse.Namespace, command: list[str]) -> int:

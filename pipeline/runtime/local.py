@@ -76,10 +76,14 @@ class LocalRuntime:
 
     def start(self, name: str, command: Sequence[str], env: dict, cwd: Optional[str],
               round_: int, start: int) -> int:
-        popen = subprocess.Popen(
-            list(command), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        )
+        try:
+            popen = subprocess.Popen(
+                list(command), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            )
+        except OSError as exc:
+            self._could_not_start(name, command, exc, round_, start)
+            return 0
         pipes = []
         for stream, handle in ((Stream.STDOUT, popen.stdout), (Stream.STDERR, popen.stderr)):
             fd = os.dup(handle.fileno())
@@ -96,6 +100,18 @@ class LocalRuntime:
             self._to_register.extend(pipes)
         os.write(self._wake_w, b"x")
         return popen.pid
+
+    def _could_not_start(self, name: str, command: Sequence[str], exc: OSError, round_: int, start: int) -> None:
+        """Report it the way a shell would: the instance ran and exited 127
+        (not found) or 126 (not executable), with the reason as its output."""
+        now = time.time()
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        self._sink(InstanceStarted(job_id=self.job_id, time=now, instance=name, round=round_, start=start,
+                                   node=self.node, pid=0))
+        self._sink(LogLine(job_id=self.job_id, time=now, instance=name, round=round_, start=start,
+                           text=f"trainwarden: cannot start {command[0]!r}: {exc.strerror}", stream=Stream.STDERR))
+        self._sink(InstanceExited(job_id=self.job_id, time=now, instance=name, round=round_, start=start,
+                                  exit_code=code))
 
     def running(self) -> list[str]:
         with self._lock:

@@ -36,6 +36,32 @@ class HistoryWriter(Protocol):
     def write(self, records: list) -> None: ...
 
 
+class RetryingHistory:
+    """A history writer that never stops the job's supervision: a failed
+    write (disk full, store removed) is kept and retried with the next one,
+    and reported once."""
+
+    MAX_BACKLOG = 100_000
+
+    def __init__(self, inner: HistoryWriter, reporter: "Reporter"):
+        self.inner = inner
+        self.reporter = reporter
+        self.backlog: list = []
+        self.failed_writes = 0
+
+    def write(self, records: list) -> None:
+        self.backlog.extend(records)
+        try:
+            self.inner.write(self.backlog)
+        except Exception as exc:  # noqa: BLE001 - any store failure is reported, never fatal here
+            self.failed_writes += 1
+            if self.failed_writes == 1:
+                self.reporter.info(f"history write failed ({exc}); records are kept and retried")
+            del self.backlog[: max(0, len(self.backlog) - self.MAX_BACKLOG)]
+            return
+        self.backlog = []
+
+
 @dataclasses.dataclass
 class RunResult:
     job_id: str
@@ -66,6 +92,10 @@ class EmbeddedRun:
         self.submitted_at = time.time()
 
     def run(self) -> RunResult:
+        # The first write fails loudly (a wrong --store is a usage problem);
+        # later ones must not stop a running job.
+        self._write_job("running")
+        self.history = RetryingHistory(self.history, self.reporter)
         control = ControlServer(deliver=self.inbox.put, on_refused=self._refused)
         runner = LocalJobRunner(self.job, self.inbox.put, control, self.node)
         actuator = Actuator(runner, self.history, self.node)
@@ -74,7 +104,6 @@ class EmbeddedRun:
             submitted = JobSubmitted(job_id=self.job.job_id, time=self.submitted_at, framework=self.job.framework,
                                      args=self.job.args, instances=self.job.instances())
             self.state, first = start_job(submitted, self.pack, self.submitted_at)
-            self._write_job("running")
             self._handle(first, actuator)
             if not self.state.finished:
                 actuator.start_all(0)
@@ -91,6 +120,8 @@ class EmbeddedRun:
                 control.close()
                 final = status or "failed"
                 self._write_job(final)
+                if isinstance(self.history, RetryingHistory) and self.history.backlog:
+                    self.reporter.info(f"{len(self.history.backlog)} history records could not be written")
         return RunResult(self.job.job_id, final, self.state.final_reason if self.state else "",
                          self.state.round if self.state else 0, self.decisions, self.dead_letters)
 

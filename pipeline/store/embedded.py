@@ -186,8 +186,12 @@ class EmbeddedStore:
         self._owner, self._depth = me, 1
 
     def _connect(self, lock_timeout_s: float) -> None:
-        for sub in ("chdb", "spool"):
-            (self.directory / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            for sub in ("chdb", "spool"):
+                (self.directory / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"The history store {self.directory} cannot be created: {exc.strerror}.",
+                             hint="give a writable directory with --store or TRAINWARDEN_STORE") from None
         self._lock_fd = locking.acquire(self.directory / "store.lock", lock_timeout_s, self.directory,
                                         waited_s=self.lock_timeout_s)
         try:

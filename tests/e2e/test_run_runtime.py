@@ -128,3 +128,17 @@ def test_a_bad_job_file_is_a_usage_error_naming_its_line(cli, tmp_path):
     result = cli("run", str(job))
     assert result.code == 2, result
     assert f"{job}:5" in result.err and "comand" in result.err
+
+
+def test_a_command_that_cannot_start_fails_like_a_shell_would_with_127(cli, job_id, history):
+    result = cli("run", "--job-id", job_id, "--", "/nonexistent/train")
+    assert result.code == 1 and "Traceback" not in result.err, result
+    [record] = [r for r in history(job_id) if r["result"] == "done"]
+    assert record["error_code"] == 127 and "cannot start" in record["error_message"]
+
+
+def test_an_unusable_store_is_a_clear_error_before_anything_starts(cli, job_id):
+    result = cli("run", "--job-id", job_id, "--store", "/proc/no/store", "--", sys.executable, "-c", "print(1)")
+    assert result.code == 1 and "/proc/no/store" in result.err and "hint:" in result.err
+    assert "Traceback" not in result.err
+    assert "[worker-0]" not in result.out
