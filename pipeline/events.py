@@ -24,6 +24,8 @@ class Stream(str, enum.Enum):
 class DecisionKind(str, enum.Enum):
     """What the engine asks the actuator to do."""
 
+    # Not a fault: place and start every instance of a newly submitted job.
+    START_JOB = "start_job"
     RESTART_JOB = "restart_job"
     RESTART_INSTANCE = "restart_instance"
     FAIL_JOB = "fail_job"
@@ -75,8 +77,13 @@ class Reason(str, enum.Enum):
     SAME_ERROR_LIMIT_REACHED = "same_error_limit_reached"
     FAILURE_RATE_EXCEEDED = "failure_rate_exceeded"
     CUSTOM_MESSAGE = "custom_message"
+    NODE_LOST = "node_lost"
+    C4D_ERROR = "c4d_error"
+    C4D_WARNING = "c4d_warning"
+    JOB_SUBMITTED = "job_submitted"
     ALL_INSTANCES_SUCCEEDED = "all_instances_succeeded"
     INVALID_JOB = "invalid_job"
+    ENGINE_ERROR = "engine_error"
 
 
 class InstanceSpec(msgspec.Struct, frozen=True):
@@ -84,6 +91,22 @@ class InstanceSpec(msgspec.Struct, frozen=True):
     role: str  # worker, ps, chief, master
     index: int  # index within the role
     rank: int  # global rank across the job
+
+
+class RoleSpec(msgspec.Struct, frozen=True):
+    name: str
+    count: int
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+
+class JobSpec(msgspec.Struct, frozen=True):
+    """How to start the job's instances; carried to the actuator in START_JOB."""
+
+    roles: tuple[RoleSpec, ...]
+    workdir: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    stop_grace_s: float = 10.0
 
 
 # ---------------------------------------------------------------- events
@@ -95,6 +118,10 @@ class JobSubmitted(msgspec.Struct, frozen=True, tag="job_submitted"):
     framework: str
     args: str
     instances: tuple[InstanceSpec, ...]
+    spec: Optional[JobSpec] = None
+    # Agents report each instance's last output time every second; the hang
+    # detector then refuses to judge silence on stale reports.
+    activity_reports: bool = False
 
 
 class InstanceStarted(msgspec.Struct, frozen=True, tag="instance_started"):
@@ -124,6 +151,45 @@ class InstanceExited(msgspec.Struct, frozen=True, tag="instance_exited"):
     round: int
     start: int
     exit_code: int  # signals are reported shell-style: 128 + signal number
+    # The last lines of the instance's output, when the reporter kept them: an
+    # exit judged on its own evidence does not depend on log delivery order.
+    tail: tuple[str, ...] = ()
+
+
+class Activity(msgspec.Struct, frozen=True):
+    instance: str
+    round: int
+    start: int
+    last_output: float
+
+
+class InstanceActivity(msgspec.Struct, frozen=True, tag="instance_activity"):
+    """A node agent's report on the job's instances it runs."""
+
+    job_id: str
+    time: float
+    node: str
+    instances: tuple[Activity, ...]
+
+
+class NodeLost(msgspec.Struct, frozen=True, tag="node_lost"):
+    job_id: str
+    time: float
+    node: str
+    instances: tuple[str, ...]
+
+
+class Diagnosis(msgspec.Struct, frozen=True, tag="diagnosis"):
+    """A finding of a diagnostic agent (C4D) from its own trusted channel."""
+
+    job_id: str
+    time: float
+    node: str
+    source: str  # "c4d"
+    kind: str  # RankCommHang, RankNonCommHang, RankCommSlow, RankNonCommSlow
+    level: str  # Error, Warning, Info
+    rank: int = -1
+    detail: str = ""
 
 
 class SdkOp(str, enum.Enum):
@@ -150,7 +216,8 @@ class Tick(msgspec.Struct, frozen=True, tag="tick"):
     time: float
 
 
-Event = Union[JobSubmitted, InstanceStarted, LogLine, InstanceExited, SdkMessage, Tick]
+Event = Union[JobSubmitted, InstanceStarted, LogLine, InstanceExited, SdkMessage, Tick, InstanceActivity, NodeLost,
+              Diagnosis]
 
 
 # ------------------------------------------------------------- decisions
@@ -175,6 +242,9 @@ class Decision(msgspec.Struct, frozen=True):
     detected_at: float = 0.0  # when the fault was observed (decision time may be later)
     # For RESTART_INSTANCE: the start index the new incarnation will carry.
     next_start: int = 0
+    # For START_JOB: how to start the instances.
+    spec: Optional[JobSpec] = None
+    instances: tuple[InstanceSpec, ...] = ()
 
 
 def action_id(job_id: str, *parts: object) -> str:

@@ -98,8 +98,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(_join_args_value(argv))
-    # SIGTERM ends a run like Ctrl-C does: instances are stopped, history written.
+    # SIGTERM and SIGHUP (the terminal closed) end a run like Ctrl-C does:
+    # instances are stopped and the history is written.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.default_int_handler)
     try:
         return _dispatch(args, command)
     except SettingsError as exc:

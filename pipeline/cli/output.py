@@ -8,6 +8,7 @@ import sys
 from typing import Iterable, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pipeline.events import Decision, DecisionKind, LogLine, Stream
@@ -25,7 +26,7 @@ def fail(message: str, hint: str = "", code: int = 2) -> int:
 
 
 def _escape(text: str) -> str:
-    return text.replace("[", "\\[")
+    return escape(text)
 
 
 def iso(ts: float) -> str:
@@ -80,12 +81,21 @@ class ConsoleReporter:
             return
         stream = sys.stderr if event.stream is Stream.STDERR else sys.stdout
         try:
+            # Flushed by flush() when the run is idle or at a tick, not per line:
+            # a chatty job must not be slowed down by its own echo.
             stream.write(f"[{event.instance}] {event.text}\n")
-            stream.flush()
-        except (BrokenPipeError, ValueError):
+        except (BrokenPipeError, ValueError, OSError):
             self.quiet_output = True
 
+    def flush(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self.quiet_output = True
+
     def decision(self, d: Decision) -> None:
+        self.flush()  # the instances' lines that led to it come first
         style = _ACTION_STYLE.get(d.kind, "magenta")
         if d.kind is DecisionKind.COMPLETE_JOB:
             err_console.print(f"[{style}]trainwarden ▸ every instance finished: the job succeeded[/]")

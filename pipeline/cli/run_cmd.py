@@ -39,6 +39,11 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     _compact(store_dir)
     colour = "green" if result.exit_code == 0 else "red"
     extra = f", {result.dead_letters} dead letters" if result.dead_letters else ""
+    for key, label in (("truncated_lines", "lines cut at 16 KiB"), ("non_utf8_lines", "lines with invalid UTF-8"),
+                       ("stale_lines_dropped", "lines of stopped instances dropped"),
+                       ("escaped_processes_killed", "escaped child processes killed")):
+        if result.counters.get(key):
+            extra += f", {result.counters[key]} {label}"
     err_console.print(f"[{colour}]trainwarden ▸ job {result.job_id} {result.status}[/]"
                       + (f" ({result.reason})" if result.reason else "")
                       + f"; {result.rounds} job restarts{extra}. "

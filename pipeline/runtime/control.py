@@ -13,13 +13,15 @@ import dataclasses
 import secrets
 import socketserver
 import threading
-import time
 from typing import Callable, Optional
 
 from pipeline.events import SdkMessage, SdkOp
+from pipeline.runtime.clock import now
 from pipeline.sdk import protocol
 
-REPLY_WAIT_S = 8.0
+# Longer than a restart's stop grace, so an SDK call made while the loop is
+# stopping instances is still taken; the SDK client waits a little longer.
+REPLY_WAIT_S = 25.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,15 +38,34 @@ class PendingReply:
     def __init__(self, message: SdkMessage):
         self.message = message
         self._done = threading.Event()
+        self._lock = threading.Lock()
         self.ok = False
         self.text = ""
+        self.cancelled = False
+        self.taken = False
 
     def resolve(self, ok: bool, text: str = "") -> None:
         self.ok, self.text = ok, text
         self._done.set()
 
+    def take(self) -> bool:
+        """The loop claims the request; False if the caller already gave up."""
+        with self._lock:
+            if self.cancelled:
+                return False
+            self.taken = True
+            return True
+
     def wait(self, timeout: float) -> bool:
-        return self._done.wait(timeout)
+        if self._done.wait(timeout):
+            return True
+        with self._lock:
+            if not self.taken:
+                # Told "not taken", the caller may retry: the loop must then skip this one.
+                self.cancelled = True
+                return False
+        # The loop is applying it right now: the answer is moments away.
+        return self._done.wait(5.0)
 
 
 class ControlServer:
@@ -100,7 +121,7 @@ class ControlServer:
             self._on_refused("unknown or expired token", b"")
             return False, "unknown or expired token: is this process still part of a running job?"
         message = SdkMessage(
-            job_id=who.job_id, time=time.time(), instance=who.instance, round=who.round, start=who.start,
+            job_id=who.job_id, time=now(), instance=who.instance, round=who.round, start=who.start,
             op=SdkOp(body["op"]), content=body.get("content", ""),
             keywords=tuple(body.get("errors", ())), interval=body.get("interval"),
         )

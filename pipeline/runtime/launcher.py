@@ -22,11 +22,11 @@ MASTER_ADDR = "127.0.0.1"
 
 class LocalJobRunner:
     def __init__(self, job: JobDefinition, sink: Callable[[Event], None], control: ControlServer, node: str,
-                 run_dir: Path | None = None):
+                 run_dir: Path | None = None, line_sink: Callable[[Event, float], bool] | None = None):
         self.job = job
         self.control = control
         self.node = node
-        self.runtime = LocalRuntime(job.job_id, sink, node)
+        self.runtime = LocalRuntime(job.job_id, sink, node, line_sink=line_sink)
         self._specs = {spec.name: spec for spec in job.instances()}
         self._run_dir = Path(run_dir or tempfile.mkdtemp(prefix=f"trainwarden-{job.job_id}-"))
         self._sdk_path = sdk_import_dir(self._run_dir)
@@ -56,9 +56,17 @@ class LocalJobRunner:
             round_=round_, start=start, max_restarts=self.job.settings.max_num_of_job_restart,
             master_addr=MASTER_ADDR, master_port=self.master_port(round_),
             control_address=self.control.address, token=token, sdk_path=self._sdk_path,
-            extra=merged_env(self.job, role),
+            extra=self._extra_env(role),
         )
         return self.runtime.start(name, role.command, env, self.job.workdir, round_, start)
+
+    def _extra_env(self, role) -> dict:
+        env = dict(merged_env(self.job, role))
+        settings = self.job.settings
+        if settings.enable_c4d_hang_detection:
+            # C4D reads its thresholds from the environment of the processes it watches.
+            env.update(settings.c4d_env())
+        return env
 
     def stop(self, names: Sequence[str]) -> None:
         self.runtime.stop(names, self.job.stop_grace_s)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Optional
 from pipeline.sdk import protocol
 
 CONNECT_TIMEOUT_S = 2.0
-REPLY_TIMEOUT_S = 10.0
+REPLY_TIMEOUT_S = 30.0
 
 
 class Status:

@@ -8,18 +8,21 @@ the actuator. Everything else lives in the runtime, the engine and the store.
 from __future__ import annotations
 
 import dataclasses
-import queue
+import signal
 import socket
-import time
+import threading
 import traceback
 from typing import Optional, Protocol
 
 from pipeline.actuator import Actuator
 from pipeline.engine import JobState, JobStatus, start_job, step
-from pipeline.events import Decision, Event, JobSubmitted, LogLine, Tick
+from pipeline.engine.decide import apply, make_decision
+from pipeline.events import Decision, DecisionKind, Event, JobSubmitted, LogLine, Reason, Tick
 from pipeline.jobspec import JobDefinition
 from pipeline.rules.model import RulePack
+from pipeline.runtime.clock import now as clock_now
 from pipeline.runtime.control import ControlServer, PendingReply
+from pipeline.runtime.inbox import Inbox
 from pipeline.runtime.launcher import LocalJobRunner
 from pipeline.store.records import DeadLetter, JobRecord
 
@@ -28,6 +31,7 @@ TICK_S = 0.2  # bounds detection latency of the timers to well under a second
 
 class Reporter(Protocol):
     def line(self, event: LogLine) -> None: ...
+    def flush(self) -> None: ...
     def decision(self, decision: Decision) -> None: ...
     def info(self, text: str) -> None: ...
 
@@ -48,18 +52,20 @@ class RetryingHistory:
         self.reporter = reporter
         self.backlog: list = []
         self.failed_writes = 0
+        self._lock = threading.Lock()  # SDK refusals are written from the control server's threads
 
     def write(self, records: list) -> None:
-        self.backlog.extend(records)
-        try:
-            self.inner.write(self.backlog)
-        except Exception as exc:  # noqa: BLE001 - any store failure is reported, never fatal here
-            self.failed_writes += 1
-            if self.failed_writes == 1:
-                self.reporter.info(f"history write failed ({exc}); records are kept and retried")
-            del self.backlog[: max(0, len(self.backlog) - self.MAX_BACKLOG)]
-            return
-        self.backlog = []
+        with self._lock:
+            self.backlog.extend(records)
+            try:
+                self.inner.write(self.backlog)
+            except Exception as exc:  # noqa: BLE001 - any store failure is reported, never fatal here
+                self.failed_writes += 1
+                if self.failed_writes == 1:
+                    self.reporter.info(f"history write failed ({exc}); records are kept and retried")
+                del self.backlog[: max(0, len(self.backlog) - self.MAX_BACKLOG)]
+                return
+            self.backlog = []
 
 
 @dataclasses.dataclass
@@ -70,6 +76,7 @@ class RunResult:
     rounds: int
     decisions: int
     dead_letters: int
+    counters: dict = dataclasses.field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -85,11 +92,12 @@ class EmbeddedRun:
         self.reporter = reporter
         self.node = node or socket.gethostname()
         self.tick_s = tick_s
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.inbox = Inbox()
         self.state: Optional[JobState] = None
         self.decisions = 0
         self.dead_letters = 0
-        self.submitted_at = time.time()
+        self.submitted_at = clock_now()
+        self._runner: Optional[LocalJobRunner] = None
 
     def run(self) -> RunResult:
         # The first write fails loudly (a wrong --store is a usage problem);
@@ -97,8 +105,9 @@ class EmbeddedRun:
         self._write_job("running")
         self.history = RetryingHistory(self.history, self.reporter)
         control = ControlServer(deliver=self.inbox.put, on_refused=self._refused)
-        runner = LocalJobRunner(self.job, self.inbox.put, control, self.node)
-        actuator = Actuator(runner, self.history, self.node)
+        runner = self._runner = LocalJobRunner(self.job, self.inbox.put, control, self.node,
+                                               line_sink=self.inbox.offer_line)
+        actuator = Actuator(runner, self.history, self.node, clock=clock_now)
         status = None
         try:
             submitted = JobSubmitted(job_id=self.job.job_id, time=self.submitted_at, framework=self.job.framework,
@@ -111,63 +120,88 @@ class EmbeddedRun:
             status = self.state.status.value
         except KeyboardInterrupt:
             status = "cancelled"
-            self.reporter.info("interrupted: stopping every instance")
+            self._escalate_further_signals(runner)
+            self.reporter.info("interrupted: stopping every instance (interrupt again to kill them at once)")
         finally:
             try:
                 actuator.finish()
                 runner.close()
             finally:
                 control.close()
+                self.reporter.flush()
                 final = status or "failed"
                 self._write_job(final)
-                if isinstance(self.history, RetryingHistory) and self.history.backlog:
+                if self.history.backlog:
                     self.reporter.info(f"{len(self.history.backlog)} history records could not be written")
+        counters = dataclasses.asdict(runner.runtime.counters)
         return RunResult(self.job.job_id, final, self.state.final_reason if self.state else "",
-                         self.state.round if self.state else 0, self.decisions, self.dead_letters)
+                         self.state.round if self.state else 0, self.decisions, self.dead_letters, counters)
+
+    def _escalate_further_signals(self, runner: LocalJobRunner) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def kill_now(signum, frame):
+            runner.runtime.kill_all()
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, kill_now)
 
     def _loop(self, actuator: Actuator) -> None:
-        next_tick = time.time() + self.tick_s
+        next_tick = clock_now() + self.tick_s
         while not self.state.finished:
-            try:
-                item = self.inbox.get(timeout=max(0.0, next_tick - time.time()))
-            except queue.Empty:
-                item = None
-            if item is not None:
+            item = self.inbox.get(timeout_s=max(0.0, next_tick - clock_now()))
+            if item is None:
+                self.reporter.flush()
+            else:
                 self._process(item, actuator)
-            now = time.time()
-            if now >= next_tick and not self.state.finished:
-                # Lines already read must count before silence is judged.
-                while not self.state.finished:
-                    try:
-                        self._process(self.inbox.get_nowait(), actuator)
-                    except queue.Empty:
-                        break
-                now = time.time()
-                self._process(Tick(job_id=self.job.job_id, time=now), actuator)
-                next_tick = now + self.tick_s
+            moment = clock_now()
+            if moment >= next_tick and not self.state.finished:
+                # Timers judge the job as of the oldest evidence not yet read,
+                # never past it: a backlog delays detection, it cannot fake it.
+                oldest = self.inbox.oldest_time()
+                watermark = moment if oldest is None else min(moment, oldest)
+                self._process(Tick(job_id=self.job.job_id, time=watermark), actuator, now=watermark)
+                self.reporter.flush()
+                next_tick = moment + self.tick_s
 
-    def _process(self, item: Event | PendingReply, actuator: Actuator) -> None:
+    def _process(self, item: Event | PendingReply, actuator: Actuator, now: Optional[float] = None) -> None:
         reply = item if isinstance(item, PendingReply) else None
+        if reply is not None and not reply.take():
+            self._dead_letter("sdk", "the SDK caller gave up waiting before the engine took the message",
+                              repr(reply.message))
+            return
         event = reply.message if reply else item
         if isinstance(event, LogLine):
             self.reporter.line(event)
         try:
-            self.state, decisions = step(self.state, event, time.time())
-        except Exception as exc:  # a bug must not lose the event or stop the job's supervision
+            self.state, decisions = step(self.state, event, clock_now() if now is None else now)
+        except Exception as exc:  # a bug must not lose the event or leave the job unsupervised
             self._dead_letter("engine", f"engine step failed: {exc!r}", repr(event) + "\n" + traceback.format_exc())
             if reply:
                 reply.resolve(False, "the engine could not take this message; it was kept as a dead letter")
-            return
-        if reply:
-            reply.resolve(True, "taken")
-        if isinstance(event, LogLine):
-            actuator.observe(event)
+            decisions = [self._engine_failure(exc)]
+        else:
+            if reply:
+                reply.resolve(True, "taken")
+            if isinstance(event, LogLine):
+                actuator.observe(event)
         self._handle(decisions, actuator)
+
+    def _engine_failure(self, exc: Exception) -> Decision:
+        """The engine's state can no longer be trusted: fail the job, saying why."""
+        decision = make_decision(self.state, DecisionKind.FAIL_JOB, Reason.ENGINE_ERROR, "engine_error",
+                                 clock_now(), fault_key=("engine_error",), message=f"engine error: {exc!r}")
+        apply(self.state, decision)
+        return decision
 
     def _handle(self, decisions: list[Decision], actuator: Actuator) -> None:
         for decision in decisions:
             self.decisions += 1
-            self.reporter.decision(decision)
+            try:
+                self.reporter.decision(decision)
+            except Exception:  # noqa: BLE001 - printing must never stop an action
+                pass
             actuator.execute(decision)
 
     def _refused(self, reason: str, raw: bytes) -> None:
@@ -175,11 +209,11 @@ class EmbeddedRun:
 
     def _dead_letter(self, source: str, error: str, payload: str) -> None:
         self.dead_letters += 1
-        self.history.write([DeadLetter(time=time.time(), source=source, job_id=self.job.job_id,
+        self.history.write([DeadLetter(time=clock_now(), source=source, job_id=self.job.job_id,
                                        error=error[:2000], payload=payload[:16000])])
 
     def _write_job(self, status: str) -> None:
-        now = time.time()
+        now = clock_now()
         finished = 0.0 if status == "running" else now
         self.history.write([JobRecord(
             job_id=self.job.job_id, submitted_at=self.submitted_at, finished_at=finished, status=status,

@@ -1,0 +1,82 @@
+"""The bus: topics of keyed messages, producers, consumer groups.
+
+Two implementations behind these Protocols: ``memory`` (in-process, for the
+embedded mode and tests) and ``kafka`` (kafka-python). A message's key is the
+job id (or the node for commands and heartbeats), so one job's messages stay
+in order in one partition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Protocol, Sequence
+
+LOGS = "trainwarden.logs"
+EVENTS = "trainwarden.events"
+DECISIONS = "trainwarden.decisions"
+COMMANDS = "trainwarden.commands"
+NODES = "trainwarden.nodes"  # agent heartbeats, keyed by node
+ACTUATOR_STATE = "trainwarden.actuator"  # compacted: executed actions, node states
+DEAD_LETTERS = "trainwarden.deadletter"
+ALL_TOPICS = (LOGS, EVENTS, DECISIONS, COMMANDS, NODES, ACTUATOR_STATE, DEAD_LETTERS)
+COMPACTED_TOPICS = (ACTUATOR_STATE,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    topic: str
+    key: str
+    value: bytes
+    partition: int = 0
+    offset: int = -1
+    timestamp_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int = 1
+    compacted: bool = False
+
+
+class BusError(Exception):
+    """The bus cannot be reached or refused an operation; one sentence and a hint."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
+
+
+class Producer(Protocol):
+    def send(self, topic: str, key: str, value: bytes) -> None: ...
+
+    def flush(self, timeout_s: float = 30.0) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Consumer(Protocol):
+    def poll(self, timeout_s: float, max_records: int = 500) -> list[Message]: ...
+
+    def commit(self) -> None:
+        """Commit the offsets of every message returned by poll so far: call it
+        only once their effect is durable (at-least-once)."""
+
+    def assignment(self) -> list[tuple[str, int]]: ...
+
+    def seek_to_beginning(self, partitions: Sequence[tuple[str, int]]) -> None: ...
+
+    def end_offset(self, topic: str, partition: int) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Bus(Protocol):
+    def producer(self) -> Producer: ...
+
+    def consumer(self, topics: Sequence[str], group: Optional[str], from_beginning: bool = False,
+                 on_assign: Optional[Callable[[list[tuple[str, int]]], None]] = None) -> Consumer: ...
+
+    def create_topics(self, specs: Sequence[TopicSpec]) -> list[str]: ...
+
+    def close(self) -> None: ...
