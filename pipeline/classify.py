@@ -27,6 +27,9 @@ _MASKS = (
     (re.compile(r"\b\d+(?:\.\d+)*\b"), "<n>"),
 )
 MAX_SIGNATURE = 300
+# Without a traceback, the final error region is this many last lines.
+FINAL_REGION_LINES = 60
+_TRACEBACK_START = "Traceback (most recent call last)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,15 +55,28 @@ def normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()[:MAX_SIGNATURE]
 
 
-def last_exception_line(tail: Sequence[str]) -> str:
+def last_exception_line(tail: Sequence[str], strict: bool = False) -> str:
+    """The last line that names an exception; unless strict, else the last non-empty line."""
     for line in reversed(tail):
         stripped = strip_prefix(line)
         if _EXCEPTION_LINE.match(stripped):
             return stripped
+    if strict:
+        return ""
     for line in reversed(tail):
         if line.strip():
             return strip_prefix(line)
     return ""
+
+
+def final_region(tail: Sequence[str]) -> Sequence[str]:
+    """Where the failure itself is told: from the last traceback to the end,
+    or the last lines when there is none. A warning printed long before (a
+    retried connection at start-up) must not outrank the error that ended it."""
+    for index in range(len(tail) - 1, -1, -1):
+        if _TRACEBACK_START in tail[index]:
+            return tail[index:]
+    return tail[-FINAL_REGION_LINES:]
 
 
 def _first_match(classifier: Classifier, tail: Sequence[str]) -> str | None:
@@ -79,19 +95,7 @@ def classify(
     custom_keywords: Iterable[str] = (),
 ) -> Verdict:
     tail = list(tail)[-pack.tail_lines:]
-    best: tuple[int, int, Classifier, str] | None = None
-    for order, classifier in enumerate(pack.classifiers):
-        if not classifier.matches_exit_code(exit_code):
-            continue
-        line = ""
-        if classifier.patterns:
-            found = _first_match(classifier, tail)
-            if found is None:
-                continue
-            line = found
-        key = (classifier.priority, -order)
-        if best is None or key > (best[0], best[1]):
-            best = (classifier.priority, -order, classifier, line)
+    best = _best(pack, exit_code, final_region(tail), need_pattern=True) or _best(pack, exit_code, tail)
 
     keyword_hit = _keyword_match(custom_keywords, tail)
     if keyword_hit is not None and (best is None or pack.custom_keyword_priority >= best[0]):
@@ -106,23 +110,25 @@ def classify(
             priority=pack.custom_keyword_priority,
         )
     if best is None:
-        message = last_exception_line(tail)
+        exception = last_exception_line(tail, strict=True)
         return Verdict(
             retryable=pack.fallback_retryable,
             category=pack.fallback_category,
             rule="fallback",
             matched_line="",
-            signature=normalise(message) or f"exit {exit_code}",
-            message=message,
+            signature=normalise(exception) or "fallback",
+            message=exception or last_exception_line(tail),
         )
     priority, _, classifier, line = best
     message = strip_prefix(line) if line else last_exception_line(tail)
     # A pattern names the error by itself; an exit-code rule says little, so
-    # the last exception line tells same errors apart.
+    # the last exception line (if there is one: a progress line is not an
+    # error) tells same errors apart.
     if classifier.patterns and classifier.signature == "rule":
         signature = classifier.name
     else:
-        signature = f"{classifier.name}:{normalise(message)}" if message else classifier.name
+        evidence = strip_prefix(line) if line else last_exception_line(tail, strict=True)
+        signature = f"{classifier.name}:{normalise(evidence)}" if evidence else classifier.name
     return Verdict(
         retryable=classifier.retryable,
         category=classifier.category,
@@ -132,6 +138,28 @@ def classify(
         message=message,
         priority=priority,
     )
+
+
+def _best(pack: RulePack, exit_code: int, lines: Sequence[str],
+          need_pattern: bool = False) -> tuple[int, int, Classifier, str] | None:
+    """The winning classifier over these lines: (priority, -order, classifier, matched line).
+    With need_pattern, None unless some pattern matched in these lines."""
+    best: tuple[int, int, Classifier, str] | None = None
+    pattern_matched = False
+    for order, classifier in enumerate(pack.classifiers):
+        if not classifier.matches_exit_code(exit_code):
+            continue
+        line = ""
+        if classifier.patterns:
+            found = _first_match(classifier, lines)
+            if found is None:
+                continue
+            line, pattern_matched = found, True
+        if best is None or (classifier.priority, -order) > (best[0], best[1]):
+            best = (classifier.priority, -order, classifier, line)
+    if need_pattern and not pattern_matched:
+        return None
+    return best
 
 
 def _keyword_match(keywords: Iterable[str], tail: Sequence[str]) -> tuple[str, str] | None:

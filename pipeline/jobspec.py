@@ -153,10 +153,13 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
     env = _env(top, "env")
     top.done()
     chosen = job_id or file_job_id
+    resolved = (path.parent / workdir).resolve()
+    if not resolved.is_dir():
+        raise ConfigError(f"'workdir' {workdir!r} is not a directory ({resolved})", path, top.line("workdir"))
     return JobDefinition(
         job_id=check_job_id(chosen) if chosen else make_job_id(roles[0].command),
         framework=framework, args=args, settings=settings, roles=tuple(roles),
-        workdir=str((path.parent / workdir).resolve()), env=env, stop_grace_s=float(stop_grace),
+        workdir=str(resolved), env=env, stop_grace_s=float(stop_grace),
     )
 
 

@@ -174,6 +174,18 @@ class FlagSpec:
     parse: Callable[[str, str], object]
     meaning: str
 
+    @property
+    def kind(self) -> str:
+        """bool, int, float or other: what rule files may use the flag for."""
+        value = getattr(JobSettings(), self.field)
+        if isinstance(value, bool):
+            return "bool"
+        if isinstance(value, int):
+            return "int"
+        if isinstance(value, float):
+            return "float"
+        return "other"
+
 
 def _flag(name: str, parse: Callable[[str, str], object], meaning: str) -> FlagSpec:
     return FlagSpec(name, name.replace("-", "_"), parse, meaning)

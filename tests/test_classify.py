@@ -43,3 +43,22 @@ def test_broad_user_errors_are_told_apart_by_their_message():
 def test_only_the_bounded_tail_is_scanned():
     lines = ["RuntimeError: NCCL error"] + ["ok"] * PACK.tail_lines
     assert classify(PACK, 1, lines).rule == "user_exit_code"
+
+
+def test_an_old_warning_does_not_outrank_the_final_traceback():
+    tail = ["[c10d] The client socket has failed to connect to [localhost]:29500 (errno: 111 - Connection refused).",
+            "step 1", "Traceback (most recent call last):", '  File "train.py", line 10', "KeyError: 'labels'"]
+    verdict = classify(PACK, 1, tail)
+    assert not verdict.retryable and verdict.rule == "python_user_error"
+
+
+def test_an_infrastructure_error_inside_the_final_traceback_still_wins():
+    tail = ["step 9", "Traceback (most recent call last):", '  File "train.py", line 10',
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1275, remote process exited"]
+    assert classify(PACK, 1, tail).rule == "nccl_error"
+
+
+def test_kills_at_different_points_are_the_same_error():
+    a = classify(PACK, 137, ["step 7 loss 0.3"]).signature
+    b = classify(PACK, 137, ["saving checkpoint 12"]).signature
+    assert a == b == "killed_by_platform"

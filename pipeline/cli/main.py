@@ -46,13 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--jobs", action="store_true", help="list jobs instead of fault records")
     history.add_argument("--stages", action="store_true", help="restart stage timings instead of fault records")
     history.add_argument("--wide", action="store_true", help="also show reason, rule and category")
-    history.add_argument("--limit", type=int, default=None, help="at most this many rows (newest)")
+    history.add_argument("--limit", type=_positive, default=None, help="at most this many rows (newest)")
     history.add_argument("--json", action="store_true", help="JSON for machines")
     _store_option(history)
 
     classify = sub.add_parser("classify", help="the verdict the engine would reach for a failed instance's log")
     classify.add_argument("file", help="a log file, or - for standard input")
-    classify.add_argument("--exit-code", type=int, default=1, help="the instance's exit code (default 1)")
+    classify.add_argument("--exit-code", type=_exit_code, default=1, help="the instance's exit code, 0-255 (default 1)")
     classify.add_argument("--keyword", action="append", default=[],
                           help="a custom retryable keyword, as set_retryable_errors would add (repeatable)")
     classify.add_argument("--rules", help="rules directory (default: the shipped rules)")
@@ -69,6 +69,40 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("--rules", help="rules directory for every test file (default: each file's rule_files)")
     test.add_argument("--json", action="store_true")
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _exit_code(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"an exit code is from 0 to 255, not {value}")
+    return value
+
+
+def _raise_open_file_limit() -> None:
+    """Every instance takes pipes and sockets; a large job would otherwise hit
+    the soft limit (often 1024) and fail to start instances through no fault of theirs."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def _store_option(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(_join_args_value(argv))
+    _raise_open_file_limit()
     # SIGTERM and SIGHUP (the terminal closed) end a run like Ctrl-C does:
     # instances are stopped and the history is written.
     signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -49,6 +49,9 @@ class VirtualCluster:
         self.node = node
         self.now = start_at
         self.decisions: list[TimedDecision] = []
+        # (round, start) of each instance's previous incarnation, to play stale events.
+        self.previous: dict[str, tuple[int, int]] = {}
+        self.current: dict[str, tuple[int, int]] = {}
         submitted = JobSubmitted(job_id=job_id, time=start_at, framework=framework, args=args, instances=instances)
         self.state, first = start_job(submitted, pack, start_at)
         self._record(first)
@@ -73,18 +76,21 @@ class VirtualCluster:
 
     # ---------------------------------------------------------- builders
 
-    def _where(self, name: str) -> tuple[int, int]:
+    def _where(self, name: str, stale: bool = False) -> tuple[int, int]:
+        """The incarnation an event comes from: the running one, or (stale) the one before it."""
+        if stale:
+            return self.previous.get(name, (-1, -1))
         inst = self.state.instances[name]
         return self.state.round, inst.start
 
-    def log(self, name: str, text: str) -> list[Decision]:
-        round_, start = self._where(name)
+    def log(self, name: str, text: str, stale: bool = False) -> list[Decision]:
+        round_, start = self._where(name, stale)
         return self.feed(LogLine(job_id=self.job_id, time=self.now, instance=name, round=round_, start=start, text=text))
 
-    def exit(self, name: str, code: int, tail: Iterable[str] = ()) -> list[Decision]:
+    def exit(self, name: str, code: int, tail: Iterable[str] = (), stale: bool = False) -> list[Decision]:
         for line in tail:
-            self.log(name, line)
-        round_, start = self._where(name)
+            self.log(name, line, stale)
+        round_, start = self._where(name, stale)
         return self.feed(InstanceExited(job_id=self.job_id, time=self.now, instance=name, round=round_,
                                         start=start, exit_code=code))
 
@@ -102,6 +108,9 @@ class VirtualCluster:
     def _start(self, names: Iterable[str]) -> None:
         for name in list(names):
             inst = self.state.instances[name]
+            if name in self.current:
+                self.previous[name] = self.current[name]
+            self.current[name] = (self.state.round, inst.start)
             self.state, decisions = step(self.state, InstanceStarted(
                 job_id=self.job_id, time=self.now, instance=name, round=self.state.round,
                 start=inst.start, node=self.node), self.now)

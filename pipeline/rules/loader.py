@@ -179,18 +179,18 @@ def _string_list(fields: Fields, key: str, allowed: tuple[str, ...] | None = Non
     return tuple(result)
 
 
-def _flag(fields: Fields, key: str, boolean: bool | None = None, default: Any = ...) -> str:
-    flag = fields.get(key, str, default)
-    if flag is None:
-        return ""
+def _flag(fields: Fields, key: str, kinds: tuple[str, ...]) -> str:
+    """A flag name whose value is of one of these kinds (bool, int, float)."""
+    flag = fields.get(key, str)
     if flag not in FLAGS:
         raise fields.error(key, f"'{key}': unknown flag {flag!r}", hint="use a flag name without dashes in front, "
                            "e.g. job-hang-interval")
-    is_bool = FLAGS[flag].parse.__name__ == "_bool"
-    if boolean is True and not is_bool:
-        raise fields.error(key, f"'{key}' must name a True/False flag; {flag!r} is not one")
-    if boolean is False and is_bool:
-        raise fields.error(key, f"'{key}' must name a numeric flag; {flag!r} is True/False")
+    kind = FLAGS[flag].kind
+    if kind not in kinds:
+        wanted = {"bool": "a True/False flag", "int": "an integer flag", "float": "a fraction flag"}
+        allowed = [f for f, spec in FLAGS.items() if spec.kind in kinds]
+        raise fields.error(key, f"'{key}' must name {' or '.join(wanted[k] for k in kinds)}; {flag!r} is not one",
+                           hint="for example " + ", ".join(allowed[:4]))
     return flag
 
 
@@ -275,9 +275,9 @@ def _detector(fields: Fields, origin: Origin) -> Detector:
     return Detector(
         name=fields.get("name", str),
         kind=_enum(fields, "kind", DetectorKind),
-        enabled_by=_flag(fields, "enabled_by", boolean=True),
+        enabled_by=_flag(fields, "enabled_by", ("bool",)),
         modes=_string_list(fields, "modes", tuple(m.value for m in ExecutionMode)),
-        interval_flag=_flag(fields, "interval_flag", boolean=False),
+        interval_flag=_flag(fields, "interval_flag", ("int",)),
         error_source=_enum(fields, "error_source", ErrorSource),
         action=_enum(fields, "action", DecisionKind, (DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB)),
         reason=_enum(fields, "reason", Reason),
@@ -295,10 +295,10 @@ def _limit(fields: Fields, origin: Origin) -> Limit:
         raise fields.error("applies_to", "'applies_to' must list restart_job and/or restart_instance")
     counter = None
     if kind is LimitKind.FLAG_REQUIRED:
-        flag = _flag(fields, "flag", boolean=True)
+        flag = _flag(fields, "flag", ("bool",))
     else:
-        flag = _flag(fields, "max_flag", boolean=False)
         counter = _enum(fields, "counter", Counter)
+        flag = _flag(fields, "max_flag", ("float",) if kind is LimitKind.MAX_RATIO else ("int",))
         ratio = counter is Counter.FAILED_INSTANCE_RATIO
         if ratio != (kind is LimitKind.MAX_RATIO):
             raise fields.error("counter", f"counter {counter.value} does not fit kind {kind.value}",

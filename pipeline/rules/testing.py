@@ -17,6 +17,7 @@ expected decision must happen: an empty ``expect`` asserts silence.
           - {at: 10, log: worker-0, text: "step 1"}
           - {at: 20, sdk: worker-1, hang_interval: 180}
           - {at: 30, exit: worker-1, code: 1, tail: ["RuntimeError: NCCL error"]}
+          - {at: 31, exit: worker-0, code: 143, stale: true}   # from before the restart
         expect:
           - {at: 70, action: restart_job, reason: job_hang}
         outcome: running
@@ -146,6 +147,8 @@ def _parse_event(path: Path, raw: Any, line: int) -> TimelineEvent:
     elif kind == "exit":
         extra["code"] = fields.get("code", int)
         extra["tail"] = [str(x) for x in fields.get("tail", list, [])]
+        # From the incarnation before the current one (e.g. a process being stopped).
+        extra["stale"] = fields.get("stale", bool, False)
     else:
         ops = [k for k in ("message", "keywords", "hang_interval") if k in fields.mapping]
         if len(ops) != 1:
@@ -217,7 +220,7 @@ def _play(cluster: VirtualCluster, event: TimelineEvent) -> str:
     if event.kind == "log":
         cluster.log(event.instance, f["text"])
     elif event.kind == "exit":
-        cluster.exit(event.instance, f["code"], f["tail"])
+        cluster.exit(event.instance, f["code"], f["tail"], stale=f["stale"])
     elif "message" in f:
         cluster.sdk(event.instance, SdkOp.CUSTOM_MESSAGE, content=f["message"])
     elif "keywords" in f:

@@ -267,9 +267,9 @@ class LocalRuntime:
         if self._line_sink is None:
             self._sink(line)
             return
-        while not self._line_sink(line, 0.2):
+        while not self._line_sink(line, 0.0 if proc.stopping else 0.2):
             # The engine already ignores lines of an incarnation being
-            # stopped; waiting for room for them could stall the stop itself.
+            # stopped; waiting for room for them would stall the stop itself.
             if proc.stopping or self._closed:
                 self.counters.stale_lines_dropped += 1
                 return

@@ -23,6 +23,7 @@ import functools
 import json
 import os
 import socket
+import sys
 import threading
 from typing import Any, Callable, Iterable, Optional
 
@@ -155,8 +156,14 @@ def _set_interval(monitor: Monitor, interval: Optional[int]) -> Status:
 
 def hang_detect(interval: int, monitor: Optional[Monitor] = None) -> Callable:
     """Run the decorated function with its own hang interval (-1: off); the
-    previous interval comes back when it returns or raises."""
-    protocol.check_interval(interval)
+    previous interval comes back when it returns or raises. An invalid
+    interval leaves the function as it is, with a warning: the SDK never
+    breaks the training script it is imported into."""
+    try:
+        interval = protocol.check_interval(interval)
+    except protocol.ProtocolError as exc:
+        sys.stderr.write(f"trainwarden sdk: hang_detect ignored: {exc}\n")
+        return lambda func: func
 
     def decorate(func: Callable) -> Callable:
         @functools.wraps(func)

@@ -38,6 +38,8 @@ def check_interval(value: object) -> int | None:
     """A hang interval from user code: positive seconds, -1 (off) or None (the job's)."""
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ProtocolError(f"a hang interval must be an integer number of seconds or -1, not {value!r}")
     if value == -1 or 1 <= value <= MAX_INTERVAL_S:

@@ -4,7 +4,7 @@ import ast
 import copy
 import pathlib
 
-from pipeline.events import DecisionKind, ErrorSource, Reason, SdkOp
+from pipeline.events import DecisionKind, ErrorSource, InstanceStarted, Reason, SdkOp
 from tests.builders import Job
 
 RESTARTS = "--enable-job-restart=True"
@@ -90,3 +90,14 @@ def test_the_core_modules_import_no_io_and_read_no_clock():
                 continue
             for name in names:
                 assert not any(name == f or name.startswith(f + ".") for f in forbidden), f"{path.name}: {name}"
+
+
+def test_the_same_kill_at_different_points_counts_toward_the_same_error_limit():
+    job = Job("--job-execution-mode=Async --fault-tolerant-policy=OnFailure --max-num-of-same-error=1 "
+              "--max-num-of-job-restart=10")
+    [first] = job.at(1).exit("worker-0", 137, "step 7 loss 0.3")
+    job.feed(InstanceStarted(job_id="job-1", time=job.now, instance="worker-0", round=0, start=1))
+    [second] = job.at(2).exit("worker-0", 137, "saving checkpoint 12")
+    assert first.kind is DecisionKind.RESTART_INSTANCE
+    assert second.kind is DecisionKind.FAIL_JOB and second.reason is Reason.SAME_ERROR_LIMIT_REACHED
+

@@ -48,6 +48,9 @@ def main():
     p.add_argument("--linger-rank", default="", help="these ranks stay silent and never finish")
     p.add_argument("--linger-rounds", default="all")
     p.add_argument("--message", default="")
+    p.add_argument("--reset-interval", type=int, default=None, help="reset_config(job_hang_interval=N), then")
+    p.add_argument("--silent-s", type=float, default=0, help="...stay silent this long (round 0 only)")
+    p.add_argument("--crash-keyword", default="", help="set this retryable keyword just before failing")
     p.add_argument("--child", action="store_true", help="start a data-loader child that sleeps")
     p.add_argument("--serve-role", default="", help="instances of these roles print until stopped (ps)")
     p.add_argument("--env", action="store_true", help="print the Trainwarden and torchrun variables")
@@ -68,6 +71,10 @@ def main():
                 "TRAINWARDEN_INSTANCE", "TRAINWARDEN_RESTART_ROUND", "TRAINWARDEN_INSTANCE_RESTARTS",
                 "TORCHELASTIC_RESTART_COUNT", "TRAINWARDEN_CALLER")
         print("env " + json.dumps({k: ENV.get(k) for k in keys}), flush=True)
+    if a.reset_interval is not None and ROUND == 0:
+        st = monitor.reset_config(job_hang_interval=a.reset_interval)
+        print(f"reset {a.reset_interval} {st.to_string()} at {time.time():.3f}", flush=True)
+        time.sleep(a.silent_s)
     if a.linger_rank and chosen(a.linger_rank, RANK) and chosen(a.linger_rounds, ROUND):
         time.sleep(600)
     if a.scope_interval is not None and chosen(a.scope_rounds, ROUND):
@@ -88,6 +95,9 @@ def main():
         if fail_here and step == a.fail_at_step and chosen(a.fail_rounds, ROUND) and chosen(a.fail_starts, START):
             if a.fail_message:
                 print(a.fail_message, file=sys.stderr, flush=True)
+            if a.crash_keyword:
+                # Taken into account when this very crash is judged: the call returns only then.
+                monitor.set_retryable_errors([a.crash_keyword])
             sys.exit(a.fail_code)
         if a.hang_rank and chosen(a.hang_rank, RANK) and step == a.hang_at_step and chosen(a.hang_rounds, ROUND):
             print(f"hanging at {time.time():.3f}", flush=True)
