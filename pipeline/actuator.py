@@ -54,12 +54,9 @@ class Actuator:
         # one millisecond must still be ordered.
         self._versions: dict[str, float] = {}
 
-    def start_all(self, round_: int) -> None:
-        for name in self.runtime.instance_names:
-            self._start(name, round_)
-
-    def _start(self, name: str, round_: int) -> tuple[int, int]:
-        start = self._starts.get(name, -1) + 1
+    def _start(self, name: str, round_: int, start: Optional[int] = None) -> tuple[int, int]:
+        # The decision names the incarnation; counting here is the fallback.
+        start = self._starts.get(name, -1) + 1 if start is None else start
         self._starts[name] = start
         self.runtime.start(name, round_, start)
         return round_, start
@@ -70,15 +67,20 @@ class Actuator:
             return
         self.executed.add(decision.action_id)
         kind = decision.kind
+        if kind is DecisionKind.START_JOB:
+            starts = dict(decision.starts)
+            for name in self.runtime.instance_names:
+                self._start(name, 0, starts.get(name))
+            return
         if kind is DecisionKind.COMPLETE_JOB:
             self.runtime.stop_all()  # e.g. parameter servers, which never exit by themselves
             return
         self._record(decision, "pending", 0.0)
         try:
             if kind is DecisionKind.RESTART_JOB:
-                self._restart(decision, self.runtime.instance_names, decision.round + 1)
+                self._restart(decision, self.runtime.instance_names, decision.round + 1, dict(decision.starts))
             elif kind is DecisionKind.RESTART_INSTANCE:
-                self._restart(decision, [decision.instance], decision.round)
+                self._restart(decision, [decision.instance], decision.round, {decision.instance: decision.next_start})
             elif kind is DecisionKind.FAIL_JOB:
                 self.runtime.stop_all()
                 self._record(decision, "done", self.clock() - decision.detected_at)
@@ -93,11 +95,11 @@ class Actuator:
             self._record(decision, "failed", self.clock() - decision.detected_at)
             raise
 
-    def _restart(self, decision: Decision, names: Sequence[str], new_round: int) -> None:
+    def _restart(self, decision: Decision, names: Sequence[str], new_round: int, starts: dict) -> None:
         decided_at = self.clock()
         self.runtime.stop(names)
         stopped_at = self.clock()
-        waiting = {name: self._start(name, new_round) for name in names}
+        waiting = {name: self._start(name, new_round, starts.get(name)) for name in names}
         restarted_at = self.clock()
         stages = RestartStages(
             record_id=decision.action_id, job_id=decision.job_id, round=decision.round,

@@ -153,7 +153,7 @@ class InstanceExited(msgspec.Struct, frozen=True, tag="instance_exited"):
     exit_code: int  # signals are reported shell-style: 128 + signal number
     # The last lines of the instance's output, when the reporter kept them: an
     # exit judged on its own evidence does not depend on log delivery order.
-    tail: tuple[str, ...] = ()
+    tail: Optional[tuple[str, ...]] = None
 
 
 class Activity(msgspec.Struct, frozen=True):
@@ -242,9 +242,13 @@ class Decision(msgspec.Struct, frozen=True):
     detected_at: float = 0.0  # when the fault was observed (decision time may be later)
     # For RESTART_INSTANCE: the start index the new incarnation will carry.
     next_start: int = 0
-    # For START_JOB: how to start the instances.
+    # For START_JOB and RESTART_JOB: the start index of every instance's new
+    # incarnation (the actuator needs no memory of its own to place them).
+    starts: tuple[tuple[str, int], ...] = ()
+    # For START_JOB: how to start the instances, and the job's settings string.
     spec: Optional[JobSpec] = None
     instances: tuple[InstanceSpec, ...] = ()
+    args: str = ""
 
 
 def action_id(job_id: str, *parts: object) -> str:

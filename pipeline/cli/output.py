@@ -97,6 +97,8 @@ class ConsoleReporter:
     def decision(self, d: Decision) -> None:
         self.flush()  # the instances' lines that led to it come first
         style = _ACTION_STYLE.get(d.kind, "magenta")
+        if d.kind is DecisionKind.START_JOB:
+            return
         if d.kind is DecisionKind.COMPLETE_JOB:
             err_console.print(f"[{style}]trainwarden ▸ every instance finished: the job succeeded[/]")
             return

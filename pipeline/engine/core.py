@@ -8,18 +8,23 @@ from __future__ import annotations
 
 from typing import Optional
 
+import msgspec
+
 from pipeline.engine import failures, timers
-from pipeline.engine.decide import apply, make_decision
+from pipeline.engine.decide import apply, guarded, make_decision
 from pipeline.engine.state import InstanceStatus, JobState, JobStatus, new_job_state
 from pipeline.events import (
     Decision,
     DecisionKind,
+    Diagnosis,
     ErrorSource,
     Event,
+    InstanceActivity,
     InstanceExited,
     InstanceStarted,
     JobSubmitted,
     LogLine,
+    NodeLost,
     Reason,
     SdkMessage,
     SdkOp,
@@ -39,10 +44,15 @@ def start_job(event: JobSubmitted, pack: RulePack, now: float) -> tuple[JobState
     except SettingsError as exc:
         settings, problem = JobSettings(), str(exc)
     state = new_job_state(event.job_id, event.framework, settings, pack, event.instances)
-    if not problem:
-        return state, []
-    decision = make_decision(state, DecisionKind.FAIL_JOB, Reason.INVALID_JOB, "job_arguments", now,
-                             fault_key=("invalid",), message=problem)
+    state.activity_reports = event.activity_reports
+    if problem:
+        decision = make_decision(state, DecisionKind.FAIL_JOB, Reason.INVALID_JOB, "job_arguments", now,
+                                 fault_key=("invalid",), message=problem)
+    else:
+        decision = msgspec.structs.replace(
+            make_decision(state, DecisionKind.START_JOB, Reason.JOB_SUBMITTED, "job_submitted", now,
+                          fault_key=("start",), detected_at=event.time),
+            spec=event.spec, instances=event.instances, args=event.args)
     apply(state, decision)
     return state, [decision]
 
@@ -63,7 +73,7 @@ def _on_started(state: JobState, event: InstanceStarted, now: float) -> list[Dec
     if inst is None or inst.status is not InstanceStatus.PENDING:
         return []
     inst.status = InstanceStatus.RUNNING
-    inst.started_at = inst.last_output = event.time
+    inst.started_at = inst.last_output = inst.reported_at = event.time
     inst.node = event.node
     inst.pid = event.pid
     return []
@@ -116,12 +126,72 @@ def _on_tick(state: JobState, event: Tick, now: float) -> list[Decision]:
     return timers.check_timers(state, now)
 
 
+def _on_activity(state: JobState, event: InstanceActivity, now: float) -> list[Decision]:
+    for report in event.instances:
+        inst = state.current(report.instance, report.round, report.start)
+        if inst is None:
+            continue
+        if report.last_output > inst.last_output:
+            inst.last_output = report.last_output
+        inst.reported_at = max(inst.reported_at, event.time)
+    return []
+
+
+def _on_node_lost(state: JobState, event: NodeLost, now: float) -> list[Decision]:
+    decisions = []
+    for name in event.instances:
+        inst = state.instances.get(name)
+        if inst is None or inst.node != event.node:
+            continue
+        if inst.status not in (InstanceStatus.RUNNING, InstanceStatus.PENDING):
+            continue
+        decision = failures.on_node_lost(state, inst, event.node, now, event.time)
+        decisions.append(decision)
+        if decision.kind is not DecisionKind.RESTART_INSTANCE:
+            break  # a job restart or failure covers every other instance
+    return decisions
+
+
+def _on_diagnosis(state: JobState, event: Diagnosis, now: float) -> list[Decision]:
+    settings = state.settings
+    for rule in state.pack.diagnoses:
+        if rule.source != event.source or (rule.levels and event.level not in rule.levels):
+            continue
+        if rule.kinds and event.kind not in rule.kinds:
+            continue
+        if not all(settings.flag_value(flag) for flag in rule.enabled_by):
+            continue
+        message = f"C4D {event.level} {event.kind} on node {event.node}" + (
+            f" (rank {event.rank})" if event.rank >= 0 else "") + (f": {event.detail}" if event.detail else "")
+        key = (event.source, state.round, event.node, event.kind, event.level)
+        decisions = []
+        if rule.isolate_node:
+            decisions.append(make_decision(state, DecisionKind.ISOLATE_NODE, rule.reason, rule.name, now,
+                                           fault_key=key, source=ErrorSource.C4D, message=message,
+                                           signature=f"c4d:{event.kind}", category=event.kind,
+                                           detected_at=event.time, node=event.node))
+        if rule.action is DecisionKind.RESTART_JOB:
+            kind, reason, name = guarded(state, DecisionKind.RESTART_JOB, rule.reason, rule.name, None)
+            decisions.append(make_decision(state, kind, reason, name, now, fault_key=key, source=ErrorSource.C4D,
+                                           message=message, signature=f"c4d:{event.kind}",
+                                           category=event.kind, detected_at=event.time, node=event.node))
+        elif rule.action is DecisionKind.NOTIFY:
+            decisions.append(make_decision(state, DecisionKind.NOTIFY, rule.reason, rule.name, now,
+                                           fault_key=key, source=ErrorSource.C4D, message=message,
+                                           category=event.kind, detected_at=event.time, node=event.node))
+        return decisions
+    return []
+
+
 _HANDLERS = {
     InstanceStarted: _on_started,
     LogLine: _on_log,
     InstanceExited: _on_exit,
     SdkMessage: _on_sdk,
     Tick: _on_tick,
+    InstanceActivity: _on_activity,
+    NodeLost: _on_node_lost,
+    Diagnosis: _on_diagnosis,
 }
 
 

@@ -25,7 +25,12 @@ def make_decision(state: JobState, kind: DecisionKind, reason: Reason, rule: str
                   fault_key: tuple, source: Optional[ErrorSource] = None,
                   inst: Optional[InstanceState] = None, error_code: int = 0, message: str = "",
                   signature: str = "", category: str = "", classifier: str = "",
-                  detected_at: Optional[float] = None) -> Decision:
+                  detected_at: Optional[float] = None, node: str = "") -> Decision:
+    starts: tuple = ()
+    if kind is DecisionKind.RESTART_JOB:
+        starts = tuple((i.name, i.start + 1) for i in state.instances.values())
+    elif kind is DecisionKind.START_JOB:
+        starts = tuple((i.name, i.start) for i in state.instances.values())
     return Decision(
         kind=kind,
         reason=reason,
@@ -36,7 +41,7 @@ def make_decision(state: JobState, kind: DecisionKind, reason: Reason, rule: str
         action_id=action_id(state.job_id, kind.value, *fault_key),
         error_source=source,
         instance=inst.name if inst else "",
-        node=inst.node if inst else "",
+        node=node or (inst.node if inst else ""),
         error_code=error_code,
         error_message=message[:MAX_MESSAGE],
         error_signature=signature,
@@ -44,6 +49,7 @@ def make_decision(state: JobState, kind: DecisionKind, reason: Reason, rule: str
         classifier=classifier,
         detected_at=now if detected_at is None else detected_at,
         next_start=inst.start + 1 if inst is not None and kind is DecisionKind.RESTART_INSTANCE else 0,
+        starts=starts,
     )
 
 

@@ -47,29 +47,49 @@ def first_response(state: JobState, inst: InstanceState, verdict: Verdict) -> Re
 
 
 def on_failure(state: JobState, inst: InstanceState, event: InstanceExited, now: float) -> list[Decision]:
-    inst.status = InstanceStatus.FAILED
-    inst.ever_failed = True
     settings = state.settings
     keywords = state.custom_keywords if (
         settings.fault_tolerant_policy is FaultTolerantPolicy.EXIT_CODE_AND_ERROR_MSG) else ()
-    verdict = classify(state.pack, event.exit_code, list(inst.tail), keywords)
-    signature = f"{event.exit_code}:{verdict.signature}"
-    inst.error_counts[signature] = inst.error_counts.get(signature, 0) + 1
+    # An exit that brings its own tail (from a node agent) is judged on it
+    # alone: log lines travel separately and may not all have arrived.
+    tail = list(event.tail) if event.tail is not None else list(inst.tail)
+    verdict = classify(state.pack, event.exit_code, tail, keywords)
+    message = verdict.message or f"exited with code {event.exit_code}"
+    return [respond(state, inst, verdict, now, source=ErrorSource.INSTANCE_EXIT, error_code=event.exit_code,
+                    message=message, detected_at=event.time)]
 
+
+def on_node_lost(state: JobState, inst: InstanceState, node: str, now: float, detected_at: float) -> Decision:
+    """An instance whose node stopped answering: a retryable failure of it."""
+    verdict = Verdict(retryable=True, category="node_lost", rule="node_lost", matched_line="",
+                      signature=f"node_lost:{node}", message="")
+    return respond(state, inst, verdict, now, source=ErrorSource.NODE_LOST, error_code=0,
+                   message=f"node {node} was lost (no heartbeat); its instance {inst.name} is gone",
+                   detected_at=detected_at)
+
+
+def respond(state: JobState, inst: InstanceState, verdict: Verdict, now: float, *, source: ErrorSource,
+            error_code: int, message: str, detected_at: float) -> Decision:
+    """The decision for a failed instance: the first matching response, then the limits."""
+    inst.status = InstanceStatus.FAILED
+    inst.ever_failed = True
+    signature = f"{error_code}:{verdict.signature}"
+    inst.error_counts[signature] = inst.error_counts.get(signature, 0) + 1
     response = first_response(state, inst, verdict)
     if response is None:
         intent, reason, rule = DecisionKind.FAIL_JOB, Reason.INSTANCE_FAILED, "no_matching_response"
     else:
         intent, reason, rule = response.action, response.reason, response.name
-    if intent is DecisionKind.RESTART_INSTANCE and settings.job_execution_mode is ExecutionMode.SYNC:
+    if intent is DecisionKind.RESTART_INSTANCE and state.settings.job_execution_mode is ExecutionMode.SYNC:
         # Coupled instances cannot recover one by one.
         intent = DecisionKind.RESTART_JOB
+    if source is ErrorSource.NODE_LOST and reason in (Reason.RETRYABLE_FAILURE, Reason.INSTANCE_FAILED):
+        reason = Reason.NODE_LOST
     kind, reason, rule = guarded(state, intent, reason, rule, inst, signature)
-    message = verdict.message or f"exited with code {event.exit_code}"
-    return [make_decision(
+    return make_decision(
         state, kind, reason, rule, now,
-        fault_key=("exit", state.round, inst.name, inst.start),
-        source=ErrorSource.INSTANCE_EXIT, inst=inst, error_code=event.exit_code,
+        fault_key=(source.value, state.round, inst.name, inst.start),
+        source=source, inst=inst, error_code=error_code,
         message=message, signature=signature, category=verdict.category,
-        classifier=verdict.rule, detected_at=event.time,
-    )]
+        classifier=verdict.rule, detected_at=detected_at,
+    )

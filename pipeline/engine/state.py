@@ -49,6 +49,8 @@ class InstanceState:
     restarts: int = 0  # instance-level restarts so far
     error_counts: dict = dataclasses.field(default_factory=dict)
     ever_failed: bool = False
+    # When a node agent last reported on this incarnation (jobs with activity reports).
+    reported_at: float = 0.0
 
     @property
     def name(self) -> str:
@@ -74,6 +76,10 @@ class JobState:
     sdk_seq: int = 0
     stale_events: int = 0
     final_reason: str = ""
+    # Agents report each instance's last output every second; silence is not
+    # judged on reports older than REPORT_STALE_S (missing data is not silence).
+    activity_reports: bool = False
+    silence_checks_skipped: int = 0
 
     @property
     def finished(self) -> bool:

@@ -13,6 +13,10 @@ from pipeline.engine.state import InstanceStatus, JobState
 from pipeline.events import Decision
 from pipeline.rules.model import Detector, DetectorKind
 
+# A node agent reports every second; three missed reports and its instances'
+# silence is unknown rather than proven.
+REPORT_STALE_S = 3.0
+
 
 def _active(state: JobState, detector: Detector) -> bool:
     settings = state.settings
@@ -56,6 +60,9 @@ def _is_silent(state: JobState, detector: Detector, now: float) -> bool:
             continue
         interval = job_interval if inst.hang_interval is None else inst.hang_interval
         if interval < 0 or now - inst.last_output < interval:
+            return False
+        if state.activity_reports and now - inst.reported_at > REPORT_STALE_S:
+            state.silence_checks_skipped += 1
             return False
         any_running = True
     return any_running

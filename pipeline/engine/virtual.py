@@ -55,8 +55,7 @@ class VirtualCluster:
         submitted = JobSubmitted(job_id=job_id, time=start_at, framework=framework, args=args, instances=instances)
         self.state, first = start_job(submitted, pack, start_at)
         self._record(first)
-        if not self.state.finished:
-            self._start(self.state.instances.keys())
+        self._execute(first)
 
     @property
     def job_id(self) -> str:
@@ -118,7 +117,7 @@ class VirtualCluster:
 
     def _execute(self, decisions: list[Decision]) -> None:
         for decision in decisions:
-            if decision.kind is DecisionKind.RESTART_JOB:
+            if decision.kind in (DecisionKind.START_JOB, DecisionKind.RESTART_JOB):
                 self._start(self.state.instances.keys())
             elif decision.kind is DecisionKind.RESTART_INSTANCE:
                 self._start([decision.instance])

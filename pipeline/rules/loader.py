@@ -18,6 +18,7 @@ from pipeline.rules.model import (
     Classifier,
     Counter,
     Detector,
+    DiagnosisRule,
     DetectorKind,
     Limit,
     LimitKind,
@@ -29,7 +30,9 @@ from pipeline.rules.model import (
 from pipeline.settings import FLAGS, ExecutionMode, FaultTolerantPolicy
 from pipeline.yamlsrc import ConfigError, Fields, LineDict, load_yaml_file
 
-SECTIONS = ("classifiers", "responses", "detectors", "limits")
+SECTIONS = ("classifiers", "responses", "detectors", "limits", "diagnoses")
+DIAGNOSIS_KINDS = ("RankCommHang", "RankNonCommHang", "RankCommSlow", "RankNonCommSlow")
+DIAGNOSIS_LEVELS = ("Error", "Warning", "Info")
 RESPONSE_ACTIONS = (DecisionKind.RESTART_JOB, DecisionKind.RESTART_INSTANCE, DecisionKind.FAIL_JOB)
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 DEFAULT_TAIL_LINES = 500
@@ -141,6 +144,7 @@ class _PackBuilder:
             responses=rules("responses"),
             detectors=rules("detectors"),
             limits=rules("limits"),
+            diagnoses=rules("diagnoses"),
             tail_lines=self.settings.get("tail_lines", DEFAULT_TAIL_LINES),
             custom_keyword_priority=self.settings.get("custom_keyword_priority", 100),
             files=tuple(self.files),
@@ -322,9 +326,36 @@ def _enum_value(fields: Fields, key: str, enum_cls, raw: str, allowed) -> Any:
     raise fields.error(key, f"'{key}': {raw!r} is not one of {', '.join(m.value for m in allowed)}")
 
 
+def _diagnosis(fields: Fields, origin: Origin) -> DiagnosisRule:
+    source = fields.get("source", str)
+    if source != "c4d":
+        raise fields.error("source", f"'source' must be c4d, not {source!r}")
+    action_raw = fields.get("action", str, "none")
+    allowed = {"restart_job": DecisionKind.RESTART_JOB, "notify": DecisionKind.NOTIFY, "none": None}
+    if action_raw not in allowed:
+        raise fields.error("action", f"'action' must be one of {', '.join(allowed)}, not {action_raw!r}")
+    enabled_by = []
+    for flag in _string_list(fields, "enabled_by"):
+        if flag not in FLAGS or FLAGS[flag].kind != "bool":
+            raise fields.error("enabled_by", f"'enabled_by': {flag!r} is not a True/False flag")
+        enabled_by.append(flag)
+    return DiagnosisRule(
+        name=fields.get("name", str),
+        source=source,
+        levels=_string_list(fields, "levels", DIAGNOSIS_LEVELS),
+        kinds=_string_list(fields, "kinds", DIAGNOSIS_KINDS),
+        enabled_by=tuple(enabled_by),
+        isolate_node=fields.get("isolate_node", bool, False),
+        action=allowed[action_raw],
+        reason=_enum(fields, "reason", Reason),
+        origin=origin,
+    )
+
+
 _PARSERS: dict[str, Callable[[Fields, Origin], Any]] = {
     "classifiers": _classifier,
     "responses": _response,
     "detectors": _detector,
     "limits": _limit,
+    "diagnoses": _diagnosis,
 }

@@ -109,6 +109,21 @@ class Limit:
 
 
 @dataclasses.dataclass(frozen=True)
+class DiagnosisRule:
+    """What to do about a diagnostic agent's finding (C4D), first match wins."""
+
+    name: str
+    source: str  # "c4d"
+    levels: tuple[str, ...]  # Error, Warning, Info; empty = any
+    kinds: tuple[str, ...]  # RankCommHang, ...; empty = any
+    enabled_by: tuple[str, ...]  # True/False flags that must all be True
+    isolate_node: bool  # isolate the reported node first
+    action: Optional[DecisionKind]  # restart_job, notify, or None (record only)
+    reason: Reason
+    origin: Origin
+
+
+@dataclasses.dataclass(frozen=True)
 class RulePack:
     classifiers: tuple[Classifier, ...]
     fallback_retryable: bool
@@ -119,6 +134,7 @@ class RulePack:
     tail_lines: int
     custom_keyword_priority: int
     files: tuple[str, ...]
+    diagnoses: tuple[DiagnosisRule, ...] = ()
 
     def detector(self, kind: DetectorKind) -> tuple[Detector, ...]:
         return tuple(d for d in self.detectors if d.kind is kind)

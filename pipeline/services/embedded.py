@@ -113,9 +113,7 @@ class EmbeddedRun:
             submitted = JobSubmitted(job_id=self.job.job_id, time=self.submitted_at, framework=self.job.framework,
                                      args=self.job.args, instances=self.job.instances())
             self.state, first = start_job(submitted, self.pack, self.submitted_at)
-            self._handle(first, actuator)
-            if not self.state.finished:
-                actuator.start_all(0)
+            self._handle(first, actuator)  # START_JOB starts the instances
             self._loop(actuator)
             status = self.state.status.value
         except KeyboardInterrupt:
