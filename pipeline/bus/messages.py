@@ -47,6 +47,9 @@ class DecisionRecord(msgspec.Struct, frozen=True, tag="decision_record"):
     that a replay meets it in order with the events that followed it."""
 
     decision: Decision
+    # Offset of the last event of this partition processed before deciding:
+    # where a replay applies a timer's decision.
+    after_offset: int = -1
 
 
 class RunningInstance(msgspec.Struct, frozen=True):
