@@ -39,12 +39,14 @@ class _PendingRestart:
 
 class Actuator:
     def __init__(self, runtime: JobRuntime, history: HistoryWriter, node: str,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, executed: Optional[set] = None):
         self.runtime = runtime
         self.history = history
         self.node = node
         self.clock = clock
-        self.executed: set[str] = set()
+        # Shared by every job's actuator in the distributed service, and
+        # rebuilt there from the actuator's state topic after a restart.
+        self.executed: set[str] = set() if executed is None else executed
         self.duplicates = 0
         self.failures = 0
         self._restarts: list[_PendingRestart] = []
@@ -86,6 +88,9 @@ class Actuator:
                 self._record(decision, "done", self.clock() - decision.detected_at)
             elif kind is DecisionKind.NOTIFY:
                 self._record(decision, "done", 0.0)
+            elif kind is DecisionKind.ISOLATE_NODE and hasattr(self.runtime, "isolate_node"):
+                self.runtime.isolate_node(decision.node, decision.reason.value)
+                self._record(decision, "done", self.clock() - decision.detected_at)
             else:
                 # Node isolation and re-queueing need a node pool / a market;
                 # the local runtime has neither.
@@ -112,11 +117,14 @@ class Actuator:
 
     def observe(self, event: LogLine) -> None:
         """The first line of a restarted incarnation marks it running again."""
+        self.mark_running(event.instance, event.round, event.start, event.time)
+
+    def mark_running(self, instance: str, round_: int, start: int, when: float) -> None:
         if not self._restarts:
             return
         for pending in list(self._restarts):
-            if pending.waiting_for.get(event.instance) == (event.round, event.start):
-                self._complete(pending, event.time)
+            if pending.waiting_for.get(instance) == (round_, start):
+                self._complete(pending, when)
 
     def _complete(self, pending: _PendingRestart, running_at: Optional[float]) -> None:
         self._restarts.remove(pending)

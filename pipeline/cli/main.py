@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("files", nargs="+", help="test files or directories of them")
     test.add_argument("--rules", help="rules directory for every test file (default: each file's rule_files)")
     test.add_argument("--json", action="store_true")
+
+    from pipeline.cli.cluster_cmd import add_commands
+
+    add_commands(sub)
     return parser
 
 
@@ -160,6 +164,12 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
             from pipeline.cli.run_cmd import cmd_run
 
             return cmd_run(args, command)
+        if args.command in ("kafka", "agent", "processor", "actuator", "submit", "nodes"):
+            from pipeline.cli.cluster_cmd import dispatch
+
+            if command and args.command != "submit":
+                return fail(f"'{args.command}' takes no command after '--'")
+            return dispatch(args, command)
         if command:
             return fail(f"'{args.command}' takes no command after '--'")
         if args.command == "history":

@@ -14,6 +14,7 @@ import errno
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,8 +95,9 @@ class LocalRuntime:
     def start(self, name: str, command: Sequence[str], env: dict, cwd: Optional[str],
               round_: int, start: int) -> int:
         try:
+            argv = _with_parent_death_signal(_resolve(command, env, cwd))
             popen = subprocess.Popen(
-                list(command), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             )
         except OSError as exc:
@@ -312,6 +314,34 @@ class LocalRuntime:
                 if self._procs.get(proc.name) is proc:
                     del self._procs[proc.name]
             proc.gone.set()
+
+
+_SETPRIV = shutil.which("setpriv")
+
+
+def _resolve(command: Sequence[str], env: dict, cwd: Optional[str]) -> list[str]:
+    """The command with its program found as exec would find it, so that a
+    missing program is reported as ours (127) and not as setpriv's."""
+    program = command[0]
+    if os.sep in program:
+        path = program if os.path.isabs(program) else os.path.join(cwd or os.getcwd(), program)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        if not os.access(path, os.X_OK) or os.path.isdir(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+        return list(command)
+    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    return [found, *command[1:]]
+
+
+def _with_parent_death_signal(argv: list[str]) -> list[str]:
+    """The instance gets SIGKILL if its supervisor dies, even by SIGKILL, so
+    that no job outlives trainwarden or a node agent (util-linux setpriv)."""
+    if _SETPRIV is None:
+        return argv
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
 
 
 def kill_incarnation(token: str) -> int:

@@ -1,0 +1,254 @@
+"""The distributed shape's commands: kafka init, agent, processor, actuator,
+submit, nodes. Parsing and printing only; the work is in pipeline.services."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+from pipeline.bus import ACTUATOR_STATE, NODES, BusError, open_bus, topic_specs
+from pipeline.bus.messages import Heartbeat, NodeState
+from pipeline.bus.serde import DecodeError, decode, encode
+from pipeline.cli.output import ConsoleReporter, err_console, fail, iso, print_json, table
+from pipeline.events import DecisionKind
+from pipeline.jobspec import from_command, load_job_file
+from pipeline.rules.loader import load_rules
+from pipeline.runtime.clock import now as clock_now
+from pipeline.store import default_store_dir, open_writer
+
+HEALTH_EVERY_S = 30.0
+
+
+def add_commands(sub) -> None:
+    kafka = sub.add_parser("kafka", help="Kafka topics for the distributed services")
+    kafka_sub = kafka.add_subparsers(dest="kafka_command", metavar="ACTION")
+    kafka_sub.required = True
+    init = kafka_sub.add_parser("init", help="create the topics (idempotent)")
+    init.add_argument("--partitions", type=int, default=8, help="partitions of the job topics (default 8)")
+    _bootstrap(init)
+
+    agent = sub.add_parser("agent", help="run the node agent: starts instances placed on this node")
+    agent.add_argument("--node", default=os.environ.get("TRAINWARDEN_NODE") or socket.gethostname(),
+                       help="this node's name (default: $TRAINWARDEN_NODE or the host name)")
+    agent.add_argument("--slots", type=int, default=8, help="instances this node can run at once (default 8)")
+    agent.add_argument("--log-dir", default=None, help="where instance output files go (for Vector)")
+    agent.add_argument("--address", default="", help="address other nodes reach this one at (MASTER_ADDR)")
+    _bootstrap(agent)
+
+    processor = sub.add_parser("processor", help="run the stream processor: the engine over Kafka")
+    processor.add_argument("--rules", help="rules directory (default: the shipped rules)")
+    _bootstrap(processor)
+
+    actuator = sub.add_parser("actuator", help="run the actuator: places instances, executes decisions")
+    actuator.add_argument("--store", help="history store: a directory (chDB) or http(s)://user@host:port/db")
+    actuator.add_argument("--node-timeout", type=float, default=10.0,
+                          help="seconds without a heartbeat before a node is lost (default 10)")
+    _bootstrap(actuator)
+
+    submit = sub.add_parser("submit", help="submit a job to the cluster",
+                            description="trainwarden submit JOB.yaml | trainwarden submit [--nproc N] -- CMD ...")
+    submit.add_argument("job_file", nargs="?")
+    submit.add_argument("--job-id")
+    submit.add_argument("--nproc", type=int, default=1)
+    submit.add_argument("--args", default=None)
+    submit.add_argument("--framework", default="pytorch")
+    submit.add_argument("--follow", action="store_true", help="stream output and exit 0/1 with the outcome")
+    submit.add_argument("--quiet", action="store_true", help="with --follow: decisions only")
+    _bootstrap(submit)
+
+    nodes = sub.add_parser("nodes", help="list nodes; isolate or uncordon one")
+    nodes.add_argument("action", nargs="?", choices=("list", "isolate", "uncordon"), default="list")
+    nodes.add_argument("name", nargs="?")
+    nodes.add_argument("--json", action="store_true")
+    nodes.add_argument("--listen", type=float, default=2.5, help="seconds to listen for heartbeats (default 2.5)")
+    _bootstrap(nodes)
+
+
+def _bootstrap(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", default=None,
+                        help="Kafka HOST:PORT (default $TRAINWARDEN_KAFKA); 'memory' is only for tests")
+
+
+def dispatch(args: argparse.Namespace, command: list[str]) -> int:
+    try:
+        if args.command == "kafka":
+            created = open_bus(args.bootstrap).create_topics(topic_specs(args.partitions))
+            err_console.print(f"topics ready ({len(created)} created): " + ", ".join(s.name for s in topic_specs(1)))
+            return 0
+        if args.command == "submit":
+            return _submit(args, command)
+        if args.command == "nodes":
+            return _nodes(args)
+        return _service(args)
+    except BusError as exc:
+        return fail(str(exc), exc.hint or "is Kafka running? deploy/kafka/local-kafka start", code=1)
+
+
+# --------------------------------------------------------------- services
+
+
+def _service(args: argparse.Namespace) -> int:
+    bus = open_bus(args.bootstrap)
+    if args.command == "agent":
+        from pipeline.services.agent import Agent
+
+        if not 1 <= args.slots <= 4096:
+            return fail("--slots must be from 1 to 4096")
+        log_dir = Path(args.log_dir or default_store_dir().parent / f"agent-{args.node}" / "logs")
+        service = Agent(bus, args.node, args.slots, log_dir, address=args.address)
+        label = f"agent {args.node} ({args.slots} slots, logs in {log_dir})"
+    elif args.command == "processor":
+        from pipeline.services.processor import Processor
+
+        service = Processor(bus, load_rules(args.rules))
+        label = "processor"
+    else:
+        from pipeline.services.actuator_service import ActuatorService
+
+        store = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+        service = ActuatorService(bus, open_writer(store), node_timeout_s=args.node_timeout)
+        label = f"actuator (history in {store})"
+    return run_service(service, label)
+
+
+def run_service(service, label: str) -> int:
+    stopping = threading.Event()
+
+    def request_stop(signum, frame):
+        stopping.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, request_stop)
+    err_console.print(f"trainwarden ▸ {label}: running", highlight=False)
+    next_health = time.monotonic() + HEALTH_EVERY_S
+    bus_down = False
+    while not stopping.is_set():
+        try:
+            service.run_once()
+            if bus_down:
+                err_console.print(f"trainwarden ▸ {label}: the bus is back")
+                bus_down = False
+        except BusError as exc:
+            if not bus_down:
+                err_console.print(f"[yellow]trainwarden ▸ {label}: {exc} (retrying)[/]")
+                bus_down = True
+            time.sleep(1.0)
+        if time.monotonic() >= next_health:
+            counters = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(service.counters).items())
+            err_console.print(f"[dim]trainwarden ▸ {label}: healthy; {counters}[/]", highlight=False)
+            next_health = time.monotonic() + HEALTH_EVERY_S
+    err_console.print(f"trainwarden ▸ {label}: stopping")
+    service.close()
+    return 0
+
+
+# ---------------------------------------------------------------- submit
+
+
+def _submit(args: argparse.Namespace, command: list[str]) -> int:
+    from pipeline.services.follow import Follower, submit
+
+    if args.job_file and command:
+        return fail("give either a job file or a command after '--', not both")
+    job = (load_job_file(args.job_file, job_id=args.job_id) if args.job_file
+           else from_command(command, args.nproc, args.args or "", args.job_id, args.framework))
+    bus = open_bus(args.bootstrap)
+    follower = Follower(bus, job.job_id) if args.follow else None
+    if follower is not None and not follower.ready():
+        return fail("could not subscribe to the job's output in 30 s", code=1)
+    submit(bus, job)
+    err_console.print(f"trainwarden ▸ submitted {job.job_id} ({len(job.instances())} instances)")
+    if follower is None:
+        print(job.job_id)
+        return 0
+    reporter = ConsoleReporter(quiet_output=args.quiet)
+    try:
+        outcome = follower.follow(reporter.line, reporter.decision)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        reporter.flush()
+        follower.close()
+    succeeded = outcome is not None and outcome.kind is DecisionKind.COMPLETE_JOB
+    return 0 if succeeded else 1
+
+
+# ----------------------------------------------------------------- nodes
+
+
+def _nodes(args: argparse.Namespace) -> int:
+    bus = open_bus(args.bootstrap)
+    if args.action in ("isolate", "uncordon"):
+        if not args.name:
+            return fail(f"'nodes {args.action}' needs a node name")
+        producer = bus.producer()
+        state = "isolated" if args.action == "isolate" else "ready"
+        producer.send(ACTUATOR_STATE, f"node:{args.name}", encode(NodeState(
+            node=args.name, state=state, time=clock_now(), reason=f"{args.action} by an operator")))
+        producer.flush(30)
+        producer.close()
+        err_console.print(f"trainwarden ▸ node {args.name}: {state}")
+        return 0
+    states = _read_all(bus, ACTUATOR_STATE)
+    beats = _listen(bus, args.listen)
+    rows = []
+    for name in sorted(set(states) | set(beats)):
+        state = states.get(name)
+        beat = beats.get(name)
+        status = state.state if state else "ready"
+        if beat is None and status != "isolated":
+            status = "lost" if state else "unknown"
+        rows.append({"node": name, "state": status, "reason": state.reason if state else "",
+                     "slots": beat.slots if beat else 0, "running": len(beat.running) if beat else 0,
+                     "last_heartbeat": beat.time if beat else 0.0})
+    if args.json:
+        print_json(rows)
+        return 0
+    table("Nodes", ["node", "state", "slots", "running", "last heartbeat", "reason"],
+          ([r["node"], r["state"], r["slots"], r["running"], iso(r["last_heartbeat"]), r["reason"]] for r in rows))
+    return 0
+
+
+def _read_all(bus, topic: str) -> dict:
+    consumer = bus.consumer([topic], None, from_beginning=True)
+    states: dict[str, NodeState] = {}
+    try:
+        while True:
+            records = consumer.poll(1.0, max_records=5000)
+            if not records:
+                return states
+            for record in records:
+                try:
+                    message = decode(topic, record.value)
+                except DecodeError:
+                    continue
+                if isinstance(message, NodeState):
+                    states[message.node] = message
+    finally:
+        consumer.close()
+
+
+def _listen(bus, seconds: float) -> dict[str, Heartbeat]:
+    consumer = bus.consumer([NODES], None, from_beginning=False)
+    beats: dict[str, Heartbeat] = {}
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            for record in consumer.poll(0.2):
+                try:
+                    beat = decode(NODES, record.value)
+                except DecodeError:
+                    continue
+                if not beat.leaving:
+                    beats[beat.node] = beat
+                else:
+                    beats.pop(beat.node, None)
+    finally:
+        consumer.close()
+    return beats

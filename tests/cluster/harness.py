@@ -1,0 +1,78 @@
+"""Agents, a processor and an actuator in one process, on any bus."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from pipeline.bus import topic_specs
+from pipeline.events import Decision, LogLine
+from pipeline.rules.loader import load_rules
+from pipeline.services.actuator_service import ActuatorService
+from pipeline.services.agent import Agent
+from pipeline.services.follow import Follower, submit
+from pipeline.services.processor import Processor
+from pipeline.store import open_writer
+
+
+class Service:
+    def __init__(self, name: str, service):
+        self.name = name
+        self.service = service
+        self.stopped = threading.Event()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.service.run_once()
+            except BaseException as exc:  # noqa: BLE001 - surfaced by the test
+                self.errors.append(exc)
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(30)
+        self.service.close()
+
+
+class LocalCluster:
+    def __init__(self, bus, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 3.0):
+        self.bus = bus
+        self.tmp = tmp
+        self.store = tmp / "store"
+        bus.create_topics(topic_specs(4))
+        self.agents = {f"node-{i}": Service(f"agent-{i}", Agent(bus, f"node-{i}", slots, tmp / f"logs-{i}",
+                                                                address="127.0.0.1"))
+                       for i in range(nodes)}
+        self.processor = Service("processor", Processor(bus, load_rules()))
+        self.actuator = Service("actuator", ActuatorService(bus, open_writer(self.store),
+                                                            node_timeout_s=node_timeout_s))
+        deadline = time.time() + 20
+        while not all(a.service.ready() for a in self.agents.values()) and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.5)  # a heartbeat from every agent
+
+    def run(self, job, timeout_s: float = 60.0) -> tuple[Decision | None, list[LogLine], list[Decision]]:
+        follower = Follower(self.bus, job.job_id)
+        assert follower.ready()
+        lines: list[LogLine] = []
+        decisions: list[Decision] = []
+        submit(self.bus, job)
+        outcome = follower.follow(lines.append, decisions.append, timeout_s=timeout_s)
+        follower.close()
+        return outcome, lines, decisions
+
+    def errors(self) -> list:
+        return [(s.name, e) for s in self.services() for e in s.errors]
+
+    def services(self) -> list[Service]:
+        return [*self.agents.values(), self.processor, self.actuator]
+
+    def stop(self) -> None:
+        for service in self.services():
+            if not service.stopped.is_set():
+                service.stop()
