@@ -64,6 +64,9 @@ class Consumer(Protocol):
 
     def assignment(self) -> list[tuple[str, int]]: ...
 
+    def ready(self) -> bool:
+        """Partitions assigned and positions resolved: from now on nothing is missed."""
+
     def seek_to_beginning(self, partitions: Sequence[tuple[str, int]]) -> None: ...
 
     def end_offset(self, topic: str, partition: int) -> int: ...

@@ -172,6 +172,19 @@ class KafkaConsumerAdapter:
     def assignment(self) -> list[tuple[str, int]]:
         return [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
 
+    def ready(self) -> bool:
+        """Assigned, and every position known: "latest" is looked up lazily by
+        the client, and a message produced before that lookup would be skipped."""
+        assigned = self._consumer.assignment()
+        if not assigned:
+            return False
+        try:
+            for tp in assigned:
+                self._consumer.position(tp, timeout_ms=10000)
+        except self._kafka.errors.KafkaError:
+            return False
+        return True
+
     def seek_to_beginning(self, partitions: Sequence[tuple[str, int]]) -> None:
         tps = [self._kafka.TopicPartition(t, p) for t, p in partitions]
         if tps:

@@ -138,6 +138,9 @@ class MemoryConsumer:
     def assignment(self) -> list[tuple[str, int]]:
         return list(self._positions)
 
+    def ready(self) -> bool:
+        return bool(self._positions)
+
     def poll(self, timeout_s: float, max_records: int = 500) -> list[Message]:
         deadline = time.monotonic() + timeout_s
         with self.bus._cond:

@@ -87,6 +87,7 @@ class Agent:
         self.producer = bus.producer()
         self.consumer = bus.consumer([COMMANDS], f"trainwarden-agent-{node}", from_beginning=False)
         self._next_batch = self._next_report = 0.0
+        self._ready = False
         self._stoppers: list[threading.Thread] = []
 
     # ------------------------------------------------------------ the loop
@@ -112,7 +113,8 @@ class Agent:
         if now >= self._next_batch:
             self._ship_batches()
             self._next_batch = now + BATCH_S
-        if now >= self._next_report:
+        if now >= self._next_report and self.ready():
+            # Only a node that will see its commands may be offered work.
             self._report(now)
             self._next_report = now + REPORT_S
         self.producer.flush()
@@ -120,8 +122,10 @@ class Agent:
             self.consumer.commit()
 
     def ready(self) -> bool:
-        """Commands can reach this agent (its consumer has partitions)."""
-        return bool(self.consumer.assignment())
+        """Commands sent from now on reach this agent."""
+        if not self._ready:
+            self._ready = self.consumer.ready()
+        return self._ready
 
     def close(self, grace_s: float = 10.0) -> None:
         for runtime in self.runtimes.values():

@@ -42,9 +42,9 @@ class Follower:
     def ready(self, timeout_s: float = 30.0) -> bool:
         """Partitions assigned: nothing produced from now on will be missed."""
         deadline = time.monotonic() + timeout_s
-        while not self.consumer.assignment() and time.monotonic() < deadline:
+        while not self.consumer.ready() and time.monotonic() < deadline:
             self.consumer.poll(0.1)
-        return bool(self.consumer.assignment())
+        return self.consumer.ready()
 
     def follow(self, on_line: Callable[[LogLine], None], on_decision: Callable[[Decision], None],
                timeout_s: Optional[float] = None) -> Optional[Decision]:

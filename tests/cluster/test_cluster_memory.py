@@ -52,3 +52,28 @@ def test_a_hung_job_spread_over_nodes_is_restarted(cluster, job_id):
     assert outcome is not None and outcome.kind is DecisionKind.COMPLETE_JOB, decisions
     [fault] = _faults(cluster, job_id)
     assert fault["error_source"] == "hang"
+
+
+@pytest.fixture
+def kafka_cluster(tmp_path):
+    import os
+    import uuid
+
+    bootstrap = os.environ.get("TRAINWARDEN_KAFKA")
+    if not bootstrap:
+        pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
+    from pipeline.bus.kafka import KafkaBus
+
+    c = LocalCluster(KafkaBus(bootstrap, client_id=f"test-{uuid.uuid4().hex[:6]}"), tmp_path)
+    yield c
+    c.stop()
+    assert c.errors() == []
+
+
+@pytest.mark.kafka
+def test_the_same_services_over_a_real_kafka_broker_survive_a_retryable_crash(kafka_cluster, job_id):
+    outcome, lines, decisions = kafka_cluster.run(_job(job_id, "--enable-job-restart=True", "--fail-rank", "1",
+                                                       "--fail-rounds", "0", "--fail-message", NCCL, "--steps", "5"))
+    assert outcome is not None and outcome.kind is DecisionKind.COMPLETE_JOB, decisions
+    [fault] = _faults(kafka_cluster, job_id)
+    assert fault["action"] == "restart_job" and fault["instance_name"] == "worker-1"
