@@ -113,6 +113,9 @@ class Actuator:
             restarted_at=restarted_at, running_at=0.0, updated_at=restarted_at,
         )
         self.history.write([stages])
+        # Done once restarted; the record is updated again with the time until
+        # the job runs again, if this actuator lives to see it.
+        self._record(decision, "done", restarted_at - decision.detected_at)
         self._restarts.append(_PendingRestart(decision, stages, waiting))
 
     def observe(self, event: LogLine) -> None:

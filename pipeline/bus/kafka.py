@@ -92,10 +92,20 @@ class KafkaBus:
             raise BusError(f"Kafka at {self.bootstrap} cannot be reached: {exc}.",
                            hint="start it (deploy/kafka/local-kafka start) or pass --bootstrap HOST:PORT") from None
         adapter = KafkaConsumerAdapter(consumer, kafka, on_assign)
+        # Load the topics' metadata before joining a group: a group leader that
+        # assigns without it hands out nothing, and keeps doing so until its
+        # next metadata refresh (minutes later).
+        known = {}
+        for topic in topics:
+            known[topic] = consumer.partitions_for_topic(topic)
+            if not known[topic]:
+                consumer.close()
+                raise BusError(f"the Kafka topic {topic} does not exist.",
+                               hint="create the topics with: trainwarden kafka init")
         if group is None:
             partitions = []
             for topic in topics:
-                for partition in sorted(consumer.partitions_for_topic(topic) or ()):
+                for partition in sorted(known[topic]):
                     partitions.append(kafka.TopicPartition(topic, partition))
             consumer.assign(partitions)
             if from_beginning:

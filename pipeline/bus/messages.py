@@ -91,6 +91,9 @@ class StopInstances(msgspec.Struct, frozen=True, tag="stop_instances"):
     action_id: str
     instances: tuple[str, ...]  # empty: every instance of the job on this node
     grace_s: float = 10.0
+    # (instance, round, start) to stop exactly these incarnations; empty:
+    # whatever incarnation of the named instances runs when the command arrives.
+    incarnations: tuple[tuple[str, int, int], ...] = ()
 
 
 class ActionDone(msgspec.Struct, frozen=True, tag="action_done"):

@@ -245,6 +245,8 @@ def _listen(bus, seconds: float) -> dict[str, Heartbeat]:
                     beat = decode(NODES, record.value)
                 except DecodeError:
                     continue
+                if beat.node.startswith("__"):
+                    continue  # the actuator's probe of the bus, not a node
                 if not beat.leaving:
                     beats[beat.node] = beat
                 else:

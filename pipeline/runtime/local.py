@@ -146,11 +146,16 @@ class LocalRuntime:
             proc = self._procs.get(name)
         return proc.popen.pid if proc else None
 
-    def stop(self, names: Sequence[str], grace_s: float) -> None:
+    def stop(self, names: Sequence[str], grace_s: float,
+             incarnations: Optional[dict[str, tuple[int, int]]] = None) -> None:
         """SIGTERM the instances' process groups, SIGKILL what is left after the
-        grace period, and return once every one of them is gone."""
+        grace period, and return once every one of them is gone. With
+        ``incarnations`` (name -> (round, start)), only those: a stop meant
+        for an old incarnation must never hit the one that replaced it."""
         with self._lock:
             procs = [self._procs[n] for n in names if n in self._procs]
+        if incarnations is not None:
+            procs = [p for p in procs if incarnations.get(p.name) == (p.round, p.start)]
         for proc in procs:
             proc.stopping = True
             _signal_group(proc.popen.pid, signal.SIGTERM)

@@ -28,6 +28,11 @@ from pipeline.store.records import JobRecord
 
 GROUP = "trainwarden-actuator"
 NODE_TIMEOUT_S = 10.0
+# The actuator's own heartbeat through the bus: while it does not come back,
+# missing heartbeats say nothing about the nodes.
+PROBE_NODE = "__actuator_probe__"
+PROBE_EVERY_S = 1.0
+PROBE_LATE_S = 2.5
 
 
 @dataclasses.dataclass
@@ -91,8 +96,10 @@ class RemoteJobRuntime:
     def stop(self, names: Sequence[str]) -> None:
         self.waiting = [w for w in self.waiting if w[0] not in names]
         for node, instances in self.service.cluster.release(self.job_id, list(names)).items():
+            targets = tuple((name, *self.incarnation[name]) for name in instances if name in self.incarnation)
             self.service.send_command(StopInstances(node=node, job_id=self.job_id, action_id="stop",
-                                                    instances=tuple(instances), grace_s=self.spec.stop_grace_s))
+                                                    instances=tuple(instances), grace_s=self.spec.stop_grace_s,
+                                                    incarnations=targets))
 
     def stop_all(self) -> None:
         self.stop(self.instance_names)
@@ -138,8 +145,16 @@ class ActuatorService:
         self.state_reader = bus.consumer([ACTUATOR_STATE], None, from_beginning=True)
         self._load_state()
         self.heartbeats = bus.consumer([NODES], None, from_beginning=False)
-        self.decisions = bus.consumer([DECISIONS], GROUP, from_beginning=True)
+        self.assigned: list = []
+        self.decisions = bus.consumer([DECISIONS], GROUP, from_beginning=True, on_assign=self._on_assign)
         self.started_at = clock()
+        self.probe_id = f"{id(self):x}-{clock()}"
+        self._probe_sent = 0.0
+        self._probe_seen = clock()
+        self.bus_healthy = True
+
+    def _on_assign(self, partitions) -> None:
+        self.assigned = sorted(partitions)
 
     # -------------------------------------------------------------- state
 
@@ -189,6 +204,11 @@ class ActuatorService:
                 time.sleep(0.5)
 
     def run_once(self, timeout_s: float = 0.1) -> None:
+        now = self.clock()
+        if now - self._probe_sent >= PROBE_EVERY_S:
+            self.producer.send(NODES, PROBE_NODE, encode(Heartbeat(node=PROBE_NODE, time=now, slots=0,
+                                                                    address=self.probe_id)))
+            self._probe_sent = now
         for record in self.state_reader.poll(0.0, max_records=5000):
             self._state_record(record)  # operators' isolate/uncordon
         for record in self.heartbeats.poll(0.0, max_records=5000):
@@ -270,6 +290,10 @@ class ActuatorService:
         except DecodeError as exc:
             self._dead_letter(record, str(exc))
             return
+        if beat.node == PROBE_NODE:
+            if beat.address == self.probe_id:
+                self._probe_seen = max(self._probe_seen, beat.time)
+            return
         changed = self.cluster.heartbeat(beat)
         if changed is not None:
             self._node_state(beat.node, changed.value, self.cluster.nodes[beat.node].reason)
@@ -291,12 +315,23 @@ class ActuatorService:
                 entry[1].mark_running(item.instance, item.round, item.start, beat.time)
                 continue
             self.send_command(StopInstances(node=beat.node, job_id=item.job_id, action_id="reconcile",
-                                            instances=(item.instance,), grace_s=5.0))
+                                            instances=(item.instance,), grace_s=5.0,
+                                            incarnations=((item.instance, item.round, item.start),)))
 
     def _expire_nodes(self) -> None:
-        if self.clock() - self.started_at < self.cluster.node_timeout_s:
+        now = self.clock()
+        if now - self.started_at < self.cluster.node_timeout_s:
             return  # heartbeats of a fresh actuator have not all arrived yet
-        for name in self.cluster.expire(self.clock()):
+        if now - self._probe_seen > PROBE_LATE_S:
+            self.bus_healthy = False  # our own heartbeat is late: the bus, not the nodes, is in trouble
+            return
+        if not self.bus_healthy:
+            # Back from an outage: every node gets a full timeout to be heard again.
+            self.bus_healthy = True
+            for node in self.cluster.nodes.values():
+                node.last_seen = max(node.last_seen, now)
+            return
+        for name in self.cluster.expire(now):
             self._node_state(name, NodeStatus.LOST.value, self.cluster.nodes[name].reason)
             self._lost(name)
 

@@ -178,7 +178,11 @@ class Agent:
             runtime = self.runtimes[command.job_id] = LocalRuntime(
                 command.job_id, self.inbox.put, self.node, line_sink=self.inbox.offer_line)
         if current is not None:
-            runtime.stop([command.instance.name], 5.0)  # an older incarnation still here
+            # An older incarnation is still here.
+            runtime.stop([command.instance.name], 5.0, {command.instance.name: (current.round, current.start)})
+            for handle in current.files.values():
+                handle.close()
+            self.control.revoke(current.token)
         token = self.control.issue_token(Incarnation(command.job_id, command.instance.name, command.round,
                                                      command.start))
         env = instance_env(
@@ -199,9 +203,16 @@ class Agent:
         if runtime is None:
             return
         names = list(command.instances) or runtime.running()
+        if command.incarnations:
+            targets = {name: (round_, start) for name, round_, start in command.incarnations}
+        else:
+            # Resolved now, not in the background thread: by then a new
+            # incarnation may have taken the name.
+            targets = {name: (r.round, r.start) for name in names
+                       if (r := self.running.get((command.job_id, name))) is not None}
         self.counters.stops += 1
         # In the background: a grace period must not delay heartbeats.
-        thread = threading.Thread(target=runtime.stop, args=(names, command.grace_s), daemon=True)
+        thread = threading.Thread(target=runtime.stop, args=(list(targets), command.grace_s, targets), daemon=True)
         thread.start()
         self._stoppers = [t for t in self._stoppers if t.is_alive()] + [thread]
 

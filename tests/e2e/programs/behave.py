@@ -69,7 +69,7 @@ def main():
     if a.env:
         keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TRAINWARDEN_JOB_ID",
                 "TRAINWARDEN_INSTANCE", "TRAINWARDEN_RESTART_ROUND", "TRAINWARDEN_INSTANCE_RESTARTS",
-                "TORCHELASTIC_RESTART_COUNT", "TRAINWARDEN_CALLER")
+                "TORCHELASTIC_RESTART_COUNT", "TRAINWARDEN_CALLER", "TRAINWARDEN_NODE")
         print("env " + json.dumps({k: ENV.get(k) for k in keys}), flush=True)
     if a.reset_interval is not None and ROUND == 0:
         st = monitor.reset_config(job_hang_interval=a.reset_interval)

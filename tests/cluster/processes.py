@@ -1,0 +1,99 @@
+"""The distributed services as real processes against a real Kafka broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from tests.conftest import ROOT, TRAINWARDEN
+
+KAFKA_SCRIPT = ROOT / "deploy" / "kafka" / "local-kafka"
+
+
+class ServiceProcesses:
+    def __init__(self, bootstrap: str, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 3.0):
+        self.bootstrap = bootstrap
+        self.tmp = tmp
+        self.store = tmp / "store"
+        self.prefix = f"n{uuid.uuid4().hex[:5]}"
+        self.slots = slots
+        self.node_timeout_s = node_timeout_s
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.env = dict(os.environ, TRAINWARDEN_KAFKA=bootstrap, PYTHONPATH=str(ROOT),
+                        TRAINWARDEN_STORE=str(self.store))
+        self.node_names = [f"{self.prefix}-{i}" for i in range(nodes)]
+        for name in self.node_names:
+            self.start_agent(name)
+        self.start("processor")
+        self.start("actuator")
+        time.sleep(4.0)  # groups joined, a heartbeat from every agent
+
+    def start(self, name: str, *extra: str) -> subprocess.Popen:
+        if name == "actuator":
+            args = ["actuator", "--store", str(self.store), "--node-timeout", str(self.node_timeout_s)]
+        else:
+            args = [name]
+        log = open(self.tmp / f"{name}.log", "ab")
+        proc = subprocess.Popen([*TRAINWARDEN, *args, *extra], env=self.env, cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        return proc
+
+    def start_agent(self, node: str) -> subprocess.Popen:
+        log = open(self.tmp / f"agent-{node}.log", "ab")
+        proc = subprocess.Popen([*TRAINWARDEN, "agent", "--node", node, "--slots", str(self.slots),
+                                 "--log-dir", str(self.tmp / f"logs-{node}"), "--address", "127.0.0.1"],
+                                env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[f"agent-{node}"] = proc
+        return proc
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+
+    def alive(self) -> dict[str, bool]:
+        return {name: proc.poll() is None for name, proc in self.procs.items()}
+
+    def submit(self, *args: str, timeout: float = 180) -> subprocess.Popen:
+        return subprocess.Popen([*TRAINWARDEN, "submit", "--follow", *args], env=self.env, cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def history(self, job_id: str) -> list[dict]:
+        out = subprocess.run([*TRAINWARDEN, "history", "--job", job_id, "--json", "--wide", "--store",
+                              str(self.store)], env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.tmp.glob("*.log"))
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def behave(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "tests" / "e2e" / "programs" / "behave.py"), *args]
