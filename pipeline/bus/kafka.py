@@ -70,7 +70,6 @@ class KafkaBus:
                 bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all",
                 compression_type="gzip", linger_ms=5, max_request_size=MAX_REQUEST_BYTES,
                 retries=2147483647, max_block_ms=30000, request_timeout_ms=15000,
-                key_serializer=lambda k: k.encode("utf-8"),
             )
         except kafka.errors.KafkaError as exc:
             raise BusError(f"Kafka at {self.bootstrap} cannot be reached: {exc}.",
@@ -128,7 +127,7 @@ class KafkaProducerAdapter:
 
     def send(self, topic: str, key: str, value: bytes) -> None:
         try:
-            self._producer.send(topic, key=key, value=value)
+            self._producer.send(topic, key=key.encode("utf-8"), value=value)
         except self._errors.KafkaError as exc:
             raise BusError(f"Kafka refused a message for {topic}: {exc}.") from None
 

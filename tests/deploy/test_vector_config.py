@@ -155,6 +155,14 @@ def test_the_config_needs_only_trainwarden_kafka_from_the_environment(config):
     assert 'node = "node-a"' in rendered["transforms"]["log_line"]["source"]
 
 
+def test_the_vrl_is_type_checked_without_schema_definitions_in_the_legacy_namespace(config):
+    # With schema definitions, .file/.message/.timestamp would be typed and the
+    # VRL's "string(.message) ?? ..." fallbacks would not compile (E651).
+    # The legacy namespace puts the path in .file and the annotations of
+    # dropped events in .metadata.dropped; it is also the one disk buffers support.
+    assert config["schema"] == {"enabled": False, "log_namespace": False}
+
+
 def test_no_comment_holds_a_dollar_sign_that_old_vector_versions_would_interpolate():
     for number, line in enumerate(VECTOR_CONFIG.read_text().splitlines(), 1):
         if line.lstrip().startswith("#"):
@@ -313,3 +321,50 @@ def test_vector_runs_the_unit_tests_of_the_remap(tmp_path):
     result = subprocess.run([VECTOR, "test", str(VECTOR_CONFIG), str(VECTOR_TESTS)], env=_vector_env(tmp_path),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+VRL = shutil.which("vrl")
+needs_vrl = pytest.mark.skipif(VRL is None, reason="vrl is not installed here (cargo install vrl)")
+
+
+def _run_vrl(tmp_path: Path, program: str, event: dict) -> subprocess.CompletedProcess:
+    (tmp_path / "program.vrl").write_text(program)
+    (tmp_path / "event.json").write_text(json.dumps(event) + "\n")
+    return subprocess.run([VRL, "--print-object", "--program", str(tmp_path / "program.vrl"), "--input",
+                           str(tmp_path / "event.json")], capture_output=True, text=True, timeout=60)
+
+
+def _program(config: dict, name: str) -> str:
+    errors: list[str] = []
+    source = interpolate_tree(config["transforms"][name]["source"], SEVERAL_ENV, errors)
+    assert errors == []
+    return source
+
+
+@needs_vrl
+def test_the_vrl_cli_turns_an_agent_line_into_the_documented_log_line(config, tmp_path):
+    # JSON cannot carry a timestamp: the prelude makes one, typed "timestamp or
+    # null" so that the program is still checked against a field of unknown type.
+    prelude = '.timestamp = parse_timestamp("2025-11-29T07:06:40.125Z", "%+") ?? null\n'
+    event = {"file": "/var/log/trainwarden/j1/worker-1/r0-s0.stdout.log", "message": "step 7 loss 0.31",
+             "host": "gpu-node-7", "source_type": "file"}
+    result = _run_vrl(tmp_path, prelude + _program(config, "log_line"), event)
+    assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
+    produced = decode(base.LOGS, json.dumps(json.loads(result.stdout)).encode())
+    assert produced == WireLogLine(job_id="j1", node="node-a", instance="worker-1", round=0, start=0,
+                                   time=1764400000.125, text="step 7 loss 0.31", stream="stdout")
+    assert json.loads(result.stdout).keys() == documented_messages()["log_line"].keys()
+
+
+@needs_vrl
+def test_the_vrl_cli_aborts_on_an_unmatched_path_and_the_dead_letter_program_describes_it(config, tmp_path):
+    event = {"file": "/var/log/trainwarden/j1/worker-1/notes.log", "message": "hello", "host": "gpu-node-7"}
+    aborted = _run_vrl(tmp_path, _program(config, "log_line"), event)
+    reason = aborted.stderr.strip()
+    assert aborted.stdout.strip() == "" and event["file"] in reason
+    dropped = {**event, "metadata": {"dropped": {"reason": "abort", "message": reason}}}  # as Vector annotates it
+    result = _run_vrl(tmp_path, _program(config, "dead_letter"), dropped)
+    assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
+    letter = decode(base.DEAD_LETTERS, json.dumps(json.loads(result.stdout)).encode())
+    assert (letter.service, letter.topic, letter.error, letter.value) == \
+        ("vector-node-a", base.LOGS, reason, "hello")
