@@ -24,7 +24,7 @@ def test_the_shipped_rule_pack_is_valid_and_complete():
 def test_every_shipped_rule_has_a_timeline_test():
     pack = load_rules()
     text = "\n".join(p.read_text() for p in TESTS)
-    for rule in [*pack.responses, *pack.limits, *pack.detectors]:
+    for rule in [*pack.responses, *pack.limits, *pack.detectors, *pack.diagnoses]:
         assert f"rule: {rule.name}" in text or f"reason: {rule.reason.value}" in text, rule.name
 
 

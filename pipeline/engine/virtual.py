@@ -15,6 +15,8 @@ from pipeline.engine.core import start_job, step
 from pipeline.events import (
     Decision,
     DecisionKind,
+    Diagnosis,
+    NodeLost,
     Event,
     InstanceExited,
     InstanceSpec,
@@ -99,6 +101,18 @@ class VirtualCluster:
         return self.feed(SdkMessage(job_id=self.job_id, time=self.now, instance=name, round=round_, start=start,
                                     op=op, content=content, keywords=keywords, interval=interval))
 
+    def node_lost(self, name: str) -> list[Decision]:
+        """The node of this instance is lost; every instance there is named.
+        Instances are spread one per virtual node, named after the instance."""
+        return self.feed(NodeLost(job_id=self.job_id, time=self.now, node=self._node_of(name), instances=(name,)))
+
+    def c4d(self, name: str, kind: str, level: str) -> list[Decision]:
+        return self.feed(Diagnosis(job_id=self.job_id, time=self.now, node=self._node_of(name), source="c4d",
+                                   kind=kind, level=level, rank=self.state.instances[name].spec.rank))
+
+    def _node_of(self, name: str) -> str:
+        return f"{self.node}-{name}"
+
     # ---------------------------------------------------------- actuation
 
     def _record(self, decisions: list[Decision]) -> None:
@@ -112,7 +126,7 @@ class VirtualCluster:
             self.current[name] = (self.state.round, inst.start)
             self.state, decisions = step(self.state, InstanceStarted(
                 job_id=self.job_id, time=self.now, instance=name, round=self.state.round,
-                start=inst.start, node=self.node), self.now)
+                start=inst.start, node=self._node_of(name)), self.now)
             self._record(decisions)
 
     def _execute(self, decisions: list[Decision]) -> None:

@@ -36,7 +36,7 @@ from pipeline.rules.model import RulePack
 from pipeline.yamlsrc import ConfigError, Fields, load_yaml_file
 
 EXPECT_KEYS = ("action", "reason", "rule", "instance", "error_source", "category", "error_code")
-EVENT_KINDS = ("log", "exit", "sdk")
+EVENT_KINDS = ("log", "exit", "sdk", "node_lost", "c4d")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,11 +138,17 @@ def _parse_event(path: Path, raw: Any, line: int) -> TimelineEvent:
     at = float(fields.get("at", (int, float)))
     kinds = [k for k in EVENT_KINDS if k in fields.mapping]
     if len(kinds) != 1:
-        raise fields.error(None, "an event needs exactly one of: log, exit, sdk (naming the instance)")
+        raise fields.error(None, "an event needs exactly one of: log, exit, sdk (naming the instance), "
+                                 "node_lost (naming an instance on the lost node), c4d (naming an instance)")
     kind = kinds[0]
     instance = fields.get(kind, str)
     extra: dict = {}
-    if kind == "log":
+    if kind == "node_lost":
+        pass
+    elif kind == "c4d":
+        extra["kind"] = fields.get("kind", str, "RankCommHang")
+        extra["level"] = fields.get("level", str, "Error")
+    elif kind == "log":
         extra["text"] = fields.get("text", str)
     elif kind == "exit":
         extra["code"] = fields.get("code", int)
@@ -217,7 +223,11 @@ def _play(cluster: VirtualCluster, event: TimelineEvent) -> str:
     if cluster.state.finished:
         return ""
     f = event.fields
-    if event.kind == "log":
+    if event.kind == "node_lost":
+        cluster.node_lost(event.instance)
+    elif event.kind == "c4d":
+        cluster.c4d(event.instance, f["kind"], f["level"])
+    elif event.kind == "log":
         cluster.log(event.instance, f["text"])
     elif event.kind == "exit":
         cluster.exit(event.instance, f["code"], f["tail"], stale=f["stale"])
