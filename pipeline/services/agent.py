@@ -71,8 +71,10 @@ class AgentCounters:
 
 class Agent:
     def __init__(self, bus: Bus, node: str, slots: int, log_dir: Path, address: str = "",
-                 clock: Callable[[], float] = clock_now):
+                 clock: Callable[[], float] = clock_now, ship_logs: bool = True):
         self.node = node
+        # False when Vector ships the log files: every line would arrive twice.
+        self.ship_logs = ship_logs
         self.slots = slots
         self.log_dir = Path(log_dir)
         self.address = address or _own_address()
@@ -273,6 +275,11 @@ class Agent:
 
     def _ship(self, running: _Running) -> None:
         if not running.batch:
+            return
+        if not self.ship_logs:
+            running.batch = []
+            for handle in running.files.values():
+                handle.flush()
             return
         batch = LogBatch(job_id=running.job_id, node=self.node, instance=running.instance, round=running.round,
                          start=running.start, lines=tuple(running.batch))
