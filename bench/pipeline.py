@@ -398,7 +398,8 @@ def main() -> int:
         jobs: list[str] = []
         if not args.skip_latency:
             log("latency: starting the actuator and the fake agent")
-            actuator = ActuatorService(bus, open_writer(Path(tmp.name) / "store"))
+            actuator = ActuatorService(bus, open_writer(Path(tmp.name) / "store"),
+                                       group=f"trainwarden-bench-actuator-{run}")
             agent = FakeAgent(bus, NODE, SLOTS)
             loops = [Loop("processor", processor), Loop("actuator", actuator), Loop("agent", agent)]
             started = time.monotonic()

@@ -86,6 +86,9 @@ class KafkaBus:
                 max_partition_fetch_bytes=MAX_REQUEST_BYTES, fetch_max_bytes=4 * MAX_REQUEST_BYTES,
                 session_timeout_ms=10000, heartbeat_interval_ms=1000, max_poll_interval_ms=300000,
                 request_timeout_ms=30500,
+                # A fetch waits at most this long for data: the bound on how
+                # late a decision can be picked up at each hop (default 500 ms).
+                fetch_max_wait_ms=100,
             )
         except kafka.errors.KafkaError as exc:
             raise BusError(f"Kafka at {self.bootstrap} cannot be reached: {exc}.",

@@ -133,7 +133,7 @@ class _Unplaced:
 
 class ActuatorService:
     def __init__(self, bus: Bus, history, node_timeout_s: float = NODE_TIMEOUT_S,
-                 clock: Callable[[], float] = clock_now):
+                 clock: Callable[[], float] = clock_now, group: str = GROUP):
         self.history = history
         self.clock = clock
         self.counters = ActuatorCounters()
@@ -146,7 +146,7 @@ class ActuatorService:
         self._load_state()
         self.heartbeats = bus.consumer([NODES], None, from_beginning=False)
         self.assigned: list = []
-        self.decisions = bus.consumer([DECISIONS], GROUP, from_beginning=True, on_assign=self._on_assign)
+        self.decisions = bus.consumer([DECISIONS], group, from_beginning=True, on_assign=self._on_assign)
         self.started_at = clock()
         self.probe_id = f"{id(self):x}-{clock()}"
         self._probe_sent = 0.0

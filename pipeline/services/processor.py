@@ -49,6 +49,7 @@ class ProcessorCounters:
 class _Replay:
     end: int  # offset where live processing starts
     records: list = dataclasses.field(default_factory=list)
+    logs: list = dataclasses.field(default_factory=list)  # log records of this partition held until the replay ends
 
 
 class Processor:
@@ -121,6 +122,10 @@ class Processor:
                 replay.records.append(record)
                 return
             self._event(record, live=True)
+        elif record.partition in self.replays:
+            # The jobs of this partition are being rebuilt: their lines wait
+            # (they are not committed-and-lost, and they still count).
+            self.replays[record.partition].logs.append(record)
         else:
             self._logs(record)
 
@@ -163,7 +168,8 @@ class Processor:
         if message is None:
             return
         state = self.jobs.get(message.job_id)
-        if state is None or record.partition in self.replays:
+        if state is None:
+            self.counters.unknown_job += 1
             return  # exits carry their own tails; lines of an unknown job add nothing
         if isinstance(message, WireLogLine):
             lines = [(message.time, message.stream, message.text)]
@@ -194,6 +200,8 @@ class Processor:
             if replay.records and replay.records[-1].offset >= replay.end - 1:
                 del self.replays[partition]
                 self._replay(partition, replay.records)
+                for record in replay.logs:
+                    self._logs(record)
 
     def _replay(self, partition: int, records: list[Message]) -> None:
         records.sort(key=lambda r: r.offset)

@@ -1,0 +1,96 @@
+"""The processor on the in-process bus: replay, dead letters, log lines."""
+
+import json
+
+from pipeline.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, topic_specs
+from pipeline.bus.memory import MemoryBus
+from pipeline.bus.messages import Line, LogBatch
+from pipeline.bus.serde import decode, encode
+from pipeline.engine.virtual import instance_specs
+from pipeline.events import DecisionKind, InstanceExited, InstanceStarted, JobSubmitted, Stream
+from pipeline.rules.loader import load_rules
+from pipeline.services.processor import Processor
+
+T0 = 1_800_000_000.0
+
+
+def _bus() -> MemoryBus:
+    bus = MemoryBus()
+    bus.create_topics(topic_specs(2))
+    return bus
+
+
+def _job(bus, job_id="j1", args="--enable-job-restart=True", lines=0):
+    producer = bus.producer()
+    producer.send(EVENTS, job_id, encode(JobSubmitted(job_id=job_id, time=T0, framework="pytorch", args=args,
+                                                      instances=instance_specs([("worker", 2)]))))
+    for name in ("worker-0", "worker-1"):
+        producer.send(EVENTS, job_id, encode(InstanceStarted(job_id=job_id, time=T0, instance=name, round=0,
+                                                             start=0, node="n")))
+    if lines:
+        producer.send(LOGS, job_id, encode(LogBatch(job_id=job_id, node="n", instance="worker-0", round=0, start=0,
+                                                    lines=tuple(Line(T0 + i, Stream.STDOUT, f"step {i}")
+                                                                for i in range(lines)))))
+    return producer
+
+
+def _decisions(bus, job_id="j1"):
+    consumer = bus.consumer([DECISIONS], None, from_beginning=True)
+    return [decode(DECISIONS, r.value) for r in consumer.poll(0.1, 10_000) if r.key == job_id]
+
+
+def _drain(processor, times=5):
+    for _ in range(times):
+        processor.run_once(timeout_s=0.01)
+
+
+def test_log_lines_that_arrive_while_their_partition_replays_still_count():
+    bus = _bus()
+    _job(bus, lines=250)
+    processor = Processor(bus, load_rules())
+    _drain(processor)
+    assert processor.counters.log_lines == 250
+    assert processor.jobs["j1"].instances["worker-0"].tail[-1] == "step 249"
+
+
+def test_a_successor_replays_without_publishing_a_decision_twice():
+    bus = _bus()
+    producer = _job(bus)
+    first = Processor(bus, load_rules())
+    _drain(first)
+    producer.send(EVENTS, "j1", encode(InstanceExited(job_id="j1", time=T0 + 5, instance="worker-1", round=0,
+                                                      start=0, exit_code=137, tail=("killed",))))
+    _drain(first)
+    first.close()
+    second = Processor(bus, load_rules())
+    _drain(second)
+    kinds = [d.kind for d in _decisions(bus)]
+    assert kinds == [DecisionKind.START_JOB, DecisionKind.RESTART_JOB]
+    assert second.counters.replayed > 0 and second.jobs["j1"].round == 1
+
+
+def test_a_decision_lost_between_deciding_and_recording_is_published_by_the_successor():
+    bus = _bus()
+    producer = _job(bus)
+    producer.send(EVENTS, "j1", encode(InstanceExited(job_id="j1", time=T0 + 5, instance="worker-1", round=0,
+                                                      start=0, exit_code=137, tail=("killed",))))
+    # No processor ever saw these events: for a successor, their decisions are "lost".
+    second = Processor(bus, load_rules())
+    _drain(second)
+    kinds = [d.kind for d in _decisions(bus)]
+    assert kinds == [DecisionKind.START_JOB, DecisionKind.RESTART_JOB]
+    assert second.counters.republished == 2
+
+
+def test_a_malformed_event_goes_to_the_dead_letter_topic_and_processing_goes_on():
+    bus = _bus()
+    producer = _job(bus)
+    processor = Processor(bus, load_rules())
+    _drain(processor)
+    producer.send(EVENTS, "j1", b'{"v":1,"type":"instance_exited","job_id":"j1"}')
+    producer.send(EVENTS, "j1", encode(InstanceExited(job_id="j1", time=T0 + 5, instance="worker-1", round=0,
+                                                      start=0, exit_code=137, tail=())))
+    _drain(processor)
+    letters = [json.loads(r.value) for r in bus.consumer([DEAD_LETTERS], None, True).poll(0.1)]
+    assert len(letters) == 1 and letters[0]["service"] == "processor" and "missing required field" in letters[0]["error"]
+    assert [d.kind for d in _decisions(bus)][-1] is DecisionKind.RESTART_JOB
