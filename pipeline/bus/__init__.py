@@ -19,13 +19,14 @@ from pipeline.bus.base import (
     EVENTS,
     LOGS,
     NODES,
+    PREFIX,
     Bus,
     BusError,
     Message,
     TopicSpec,
 )
 
-__all__ = ["ACTUATOR_STATE", "ALL_TOPICS", "COMMANDS", "DEAD_LETTERS", "DECISIONS", "EVENTS", "LOGS", "NODES",
+__all__ = ["ACTUATOR_STATE", "ALL_TOPICS", "PREFIX", "COMMANDS", "DEAD_LETTERS", "DECISIONS", "EVENTS", "LOGS", "NODES",
            "Bus", "BusError", "Message", "TopicSpec", "open_bus", "register_transport", "topic_specs"]
 
 

@@ -9,15 +9,23 @@ in order in one partition.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 from typing import Callable, Optional, Protocol, Sequence
 
-LOGS = "trainwarden.logs"
-EVENTS = "trainwarden.events"
-DECISIONS = "trainwarden.decisions"
-COMMANDS = "trainwarden.commands"
-NODES = "trainwarden.nodes"  # agent heartbeats, keyed by node
-ACTUATOR_STATE = "trainwarden.actuator"  # compacted: executed actions, node states
-DEAD_LETTERS = "trainwarden.deadletter"
+# Every topic and consumer group name starts with this prefix, so several
+# Trainwarden installations (or test runs) can share one broker.
+PREFIX = os.environ.get("TRAINWARDEN_TOPIC_PREFIX", "trainwarden")
+if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,100}", PREFIX):
+    raise SystemExit(f"trainwarden: error: TRAINWARDEN_TOPIC_PREFIX {PREFIX!r} must be letters, digits, '_' or '-'.")
+
+LOGS = f"{PREFIX}.logs"
+EVENTS = f"{PREFIX}.events"
+DECISIONS = f"{PREFIX}.decisions"
+COMMANDS = f"{PREFIX}.commands"
+NODES = f"{PREFIX}.nodes"  # agent heartbeats, keyed by node
+ACTUATOR_STATE = f"{PREFIX}.actuator"  # compacted: executed actions, node states
+DEAD_LETTERS = f"{PREFIX}.deadletter"
 ALL_TOPICS = (LOGS, EVENTS, DECISIONS, COMMANDS, NODES, ACTUATOR_STATE, DEAD_LETTERS)
 COMPACTED_TOPICS = (ACTUATOR_STATE,)
 
@@ -83,3 +91,27 @@ class Bus(Protocol):
     def create_topics(self, specs: Sequence[TopicSpec]) -> list[str]: ...
 
     def close(self) -> None: ...
+
+
+def read_to_end(consumer: Consumer, timeout_s: float = 60.0) -> list[Message]:
+    """Everything a (group-less, from-the-beginning) consumer's partitions held
+    when called. An empty poll proves nothing (the client may not have fetched
+    yet), so this reads until each partition's end offset is reached."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not consumer.ready():
+        if time.monotonic() > deadline:
+            raise BusError("the bus did not assign partitions in time.")
+        consumer.poll(0.1)
+    ends = {tp: consumer.end_offset(*tp) for tp in consumer.assignment()}
+    seen = {tp: -1 for tp in ends}
+    records: list[Message] = []
+    while any(seen[tp] < end - 1 for tp, end in ends.items()):
+        if time.monotonic() > deadline:
+            raise BusError("reading the bus to its end took too long.")
+        for record in consumer.poll(0.5, max_records=5000):
+            records.append(record)
+            key = (record.topic, record.partition)
+            seen[key] = max(seen.get(key, -1), record.offset)
+    return records

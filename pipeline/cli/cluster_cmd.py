@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from pipeline.bus import ACTUATOR_STATE, NODES, BusError, open_bus, topic_specs
+from pipeline.bus.base import read_to_end
 from pipeline.bus.messages import Heartbeat, NodeState
 from pipeline.bus.serde import DecodeError, decode, encode
 from pipeline.cli.output import ConsoleReporter, err_console, fail, iso, print_json, table
@@ -221,17 +222,14 @@ def _read_all(bus, topic: str) -> dict:
     consumer = bus.consumer([topic], None, from_beginning=True)
     states: dict[str, NodeState] = {}
     try:
-        while True:
-            records = consumer.poll(1.0, max_records=5000)
-            if not records:
-                return states
-            for record in records:
-                try:
-                    message = decode(topic, record.value)
-                except DecodeError:
-                    continue
-                if isinstance(message, NodeState):
-                    states[message.node] = message
+        for record in read_to_end(consumer):
+            try:
+                message = decode(topic, record.value)
+            except DecodeError:
+                continue
+            if isinstance(message, NodeState):
+                states[message.node] = message
+        return states
     finally:
         consumer.close()
 

@@ -141,9 +141,11 @@ def _on_node_lost(state: JobState, event: NodeLost, now: float) -> list[Decision
     decisions = []
     for name in event.instances:
         inst = state.instances.get(name)
-        if inst is None or inst.node != event.node:
+        if inst is None or inst.status not in (InstanceStatus.RUNNING, InstanceStatus.PENDING):
             continue
-        if inst.status not in (InstanceStatus.RUNNING, InstanceStatus.PENDING):
+        # A pending instance was placed there but never reported a start: the
+        # engine does not know its node, the actuator that placed it does.
+        if inst.status is InstanceStatus.RUNNING and inst.node != event.node:
             continue
         decision = failures.on_node_lost(state, inst, event.node, now, event.time)
         decisions.append(decision)

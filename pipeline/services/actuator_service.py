@@ -17,7 +17,19 @@ import time
 from typing import Callable, Optional, Sequence
 
 from pipeline.actuator import Actuator
-from pipeline.bus import ACTUATOR_STATE, COMMANDS, DEAD_LETTERS, DECISIONS, EVENTS, NODES, Bus, BusError, Message
+from pipeline.bus import (
+    ACTUATOR_STATE,
+    COMMANDS,
+    DEAD_LETTERS,
+    DECISIONS,
+    EVENTS,
+    NODES,
+    PREFIX,
+    Bus,
+    BusError,
+    Message,
+)
+from pipeline.bus.base import read_to_end
 from pipeline.bus.messages import ActionDone, DeadLetterMessage, Heartbeat, NodeState, StartInstance, StopInstances
 from pipeline.bus.serde import DecodeError, decode, encode
 from pipeline.events import Decision, DecisionKind, InstanceSpec, JobSpec, NodeLost
@@ -26,7 +38,7 @@ from pipeline.services.nodes import Cluster, NoCapacity, NodeStatus, master_port
 from pipeline.settings import JobSettings, SettingsError, parse_args_string
 from pipeline.store.records import JobRecord
 
-GROUP = "trainwarden-actuator"
+GROUP = f"{PREFIX}-actuator"
 NODE_TIMEOUT_S = 10.0
 # The actuator's own heartbeat through the bus: while it does not come back,
 # missing heartbeats say nothing about the nodes.
@@ -78,7 +90,7 @@ class RemoteJobRuntime:
 
     def _send_start(self, name: str, round_: int, start: int) -> None:
         cluster = self.service.cluster
-        node = cluster.place(self.job_id, name)
+        node = cluster.place(self.job_id, name, self.service.clock())
         rank0 = min(self.specs.values(), key=lambda s: s.rank).name
         master_node = cluster.placement.get(self.job_id, {}).get(rank0, node.name)
         role = next(r for r in self.spec.roles if r.name == self.specs[name].role)
@@ -159,13 +171,10 @@ class ActuatorService:
     # -------------------------------------------------------------- state
 
     def _load_state(self) -> None:
-        """Everything this actuator (or its predecessor) has done."""
-        while True:
-            records = self.state_reader.poll(0.5, max_records=5000)
-            if not records:
-                break
-            for record in records:
-                self._state_record(record)
+        """Everything this actuator (or its predecessor) has done, to the end:
+        an action missed here would be executed a second time."""
+        for record in read_to_end(self.state_reader):
+            self._state_record(record)
 
     def _state_record(self, record: Message) -> None:
         try:

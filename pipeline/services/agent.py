@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from pipeline.bus import COMMANDS, DEAD_LETTERS, EVENTS, LOGS, NODES, Bus, BusError, Message
+from pipeline.bus import COMMANDS, DEAD_LETTERS, EVENTS, LOGS, NODES, PREFIX, Bus, BusError, Message
 from pipeline.bus.messages import (
     DeadLetterMessage,
     Heartbeat,
@@ -87,7 +87,7 @@ class Agent:
         self.runtimes: dict[str, LocalRuntime] = {}
         self.running: dict[tuple[str, str], _Running] = {}
         self.producer = bus.producer()
-        self.consumer = bus.consumer([COMMANDS], f"trainwarden-agent-{node}", from_beginning=False)
+        self.consumer = bus.consumer([COMMANDS], f"{PREFIX}-agent-{node}", from_beginning=False)
         self._next_batch = self._next_report = 0.0
         self._ready = False
         self._stoppers: list[threading.Thread] = []

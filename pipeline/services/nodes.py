@@ -79,11 +79,15 @@ class Cluster:
     def used(self, name: str) -> int:
         return sum(1 for job in self.placement.values() for node in job.values() if node == name)
 
-    def place(self, job_id: str, instance: str, prefer: Optional[str] = None) -> Node:
-        """A ready node with a free slot: the preferred one if possible, else the least used."""
+    def place(self, job_id: str, instance: str, now: float, prefer: Optional[str] = None) -> Node:
+        """A ready node, heard from within the timeout, with a free slot: the
+        preferred one if possible, else the least used. A node known only from
+        the state topic (no heartbeat yet) is never a candidate."""
         placed = self.placement.setdefault(job_id, {})
         placed.pop(instance, None)
-        candidates = [n for n in self.nodes.values() if n.status is NodeStatus.READY and self.used(n.name) < n.slots]
+        candidates = [n for n in self.nodes.values()
+                      if n.status is NodeStatus.READY and n.last_seen and now - n.last_seen <= self.node_timeout_s
+                      and self.used(n.name) < n.slots]
         if not candidates:
             raise NoCapacity(f"no ready node has a free slot for {job_id}/{instance}")
         chosen = next((n for n in candidates if n.name == prefer), None)

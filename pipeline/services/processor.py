@@ -20,7 +20,7 @@ import dataclasses
 import time
 from typing import Callable, Optional
 
-from pipeline.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, Bus, BusError, Message
+from pipeline.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, PREFIX, Bus, BusError, Message
 from pipeline.bus.messages import DeadLetterMessage, DecisionRecord, LogBatch, WireLogLine
 from pipeline.bus.serde import DecodeError, decode, encode
 from pipeline.engine import JobState, start_job, step
@@ -29,7 +29,7 @@ from pipeline.events import Decision, JobSubmitted, LogLine, Tick
 from pipeline.rules.model import RulePack
 from pipeline.runtime.clock import now as clock_now
 
-GROUP = "trainwarden-processor"
+GROUP = f"{PREFIX}-processor"
 TICK_S = 0.2
 
 

@@ -25,8 +25,12 @@ class ServiceProcesses:
         self.slots = slots
         self.node_timeout_s = node_timeout_s
         self.procs: dict[str, subprocess.Popen] = {}
+        # Topics of its own: no job, node or committed offset of another test can reach it.
+        self.topic_prefix = f"twt{uuid.uuid4().hex[:8]}"
         self.env = dict(os.environ, TRAINWARDEN_KAFKA=bootstrap, PYTHONPATH=str(ROOT),
-                        TRAINWARDEN_STORE=str(self.store))
+                        TRAINWARDEN_STORE=str(self.store), TRAINWARDEN_TOPIC_PREFIX=self.topic_prefix)
+        subprocess.run([*TRAINWARDEN, "kafka", "init", "--partitions", "4"], env=self.env, cwd=ROOT, check=True,
+                       capture_output=True, timeout=120)
         self.node_names = [f"{self.prefix}-{i}" for i in range(nodes)]
         for name in self.node_names:
             self.start_agent(name)
@@ -52,6 +56,10 @@ class ServiceProcesses:
                                 env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         self.procs[f"agent-{node}"] = proc
         return proc
+
+    def topic(self, kind: str) -> str:
+        """This test's topic of a kind: logs, events, decisions, commands, nodes, actuator, deadletter."""
+        return f"{self.topic_prefix}.{kind}"
 
     def kill(self, name: str) -> None:
         proc = self.procs[name]

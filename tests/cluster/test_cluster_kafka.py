@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipeline.bus import EVENTS, open_bus
+from pipeline.bus import open_bus
 from pipeline.bus.serde import encode
 from pipeline.events import Diagnosis
 from tests.cluster.processes import ServiceProcesses, behave, wait_for
@@ -70,7 +70,7 @@ def test_a_sync_job_across_nodes_survives_a_crash_a_hang_and_an_isolated_node(se
     node = _node_running(services, job_id, "worker-0", 2)
     # As C4D would report it, from its own channel: worker-0's node hangs in communication.
     producer = open_bus(bootstrap).producer()
-    producer.send(EVENTS, job_id, encode(Diagnosis(job_id=job_id, time=time.time(), node=node, source="c4d",
+    producer.send(services.topic("events"), job_id, encode(Diagnosis(job_id=job_id, time=time.time(), node=node, source="c4d",
                                                    kind="RankCommHang", level="Error", rank=0,
                                                    detail="allreduce stuck for 190 s")))
     producer.flush(10)
@@ -132,14 +132,13 @@ def test_the_services_reconnect_when_the_broker_restarts(services, job_id):
 
 def test_malformed_messages_and_huge_lines_are_dead_lettered_or_cut_and_nothing_crashes(services, job_id,
                                                                                          bootstrap):
-    from pipeline.bus import COMMANDS, DEAD_LETTERS, DECISIONS, LOGS
-
     producer = open_bus(bootstrap).producer()
-    for topic in (EVENTS, LOGS, DECISIONS, COMMANDS):
-        producer.send(topic, job_id, b"{this is not json")
-        producer.send(topic, job_id, b'{"v":1,"type":"no_such_type"}')
-    producer.send(EVENTS, job_id, b"\xff\xfe\x00 not utf-8")
-    producer.send(LOGS, job_id, b'{"v":1,"type":"log_line","text":"' + b"x" * (9 * 1024 * 1024) + b'"}')
+    for kind in ("events", "logs", "decisions", "commands"):
+        producer.send(services.topic(kind), job_id, b"{this is not json")
+        producer.send(services.topic(kind), job_id, b'{"v":1,"type":"no_such_type"}')
+    producer.send(services.topic("events"), job_id, b"\xff\xfe\x00 not utf-8")
+    producer.send(services.topic("logs"), job_id,
+                  b'{"v":1,"type":"log_line","text":"' + b"x" * (9 * 1024 * 1024) + b'"}')
     producer.flush(30)
     code = ("import sys; sys.stdout.write('y' * (10 * 1024 * 1024) + '\\n'); "
             "sys.stdout.buffer.write(b'bad \\xff\\xfe utf8\\n'); sys.stdout.flush()")
@@ -147,7 +146,7 @@ def test_malformed_messages_and_huge_lines_are_dead_lettered_or_cut_and_nothing_
     out = _finish(services, proc)
     assert "…[line truncated]" in out and "bad \ufffd\ufffd utf8" in out
     assert max(len(line) for line in out.splitlines()) < 20_000
-    consumer = open_bus(bootstrap).consumer([DEAD_LETTERS], None, from_beginning=True)
+    consumer = open_bus(bootstrap).consumer([services.topic("deadletter")], None, from_beginning=True)
     letters = []
     deadline = time.time() + 20
     while time.time() < deadline:
