@@ -10,6 +10,7 @@ broker comes back; calls that cannot finish raise BusError.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable, Optional, Sequence
 
 from pipeline.bus.base import BusError, Message, TopicSpec
@@ -17,8 +18,15 @@ from pipeline.bus.base import BusError, Message, TopicSpec
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 # kafka-python logs every reconnect attempt as an error; the services report
-# the state of the bus themselves.
-logging.getLogger("kafka").setLevel(logging.CRITICAL)
+# the state of the bus themselves. TRAINWARDEN_KAFKA_DEBUG=FILE writes the
+# client's own debug log to FILE, for diagnosing group coordination.
+if os.environ.get("TRAINWARDEN_KAFKA_DEBUG"):
+    _handler = logging.FileHandler(os.environ["TRAINWARDEN_KAFKA_DEBUG"])
+    _handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger("kafka").addHandler(_handler)
+    logging.getLogger("kafka").setLevel(logging.DEBUG)
+else:
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
 def _kafka():
@@ -152,6 +160,7 @@ class KafkaConsumerAdapter:
         self._consumer = consumer
         self._kafka = kafka
         self._on_assign = on_assign
+        self.skipped_commits = 0
 
     def listener(self):
         adapter = self
@@ -191,8 +200,14 @@ class KafkaConsumerAdapter:
         if not assigned:
             return False
         try:
-            for tp in assigned:
-                self._consumer.position(tp, timeout_ms=10000)
+            positions = {tp: self._consumer.position(tp, timeout_ms=10000) for tp in assigned}
+            if self._consumer.config.get("group_id"):
+                # Pin them: after a later rebalance a partition without a
+                # committed offset would reset to "latest" again and skip
+                # whatever was produced in between.
+                from kafka.structs import OffsetAndMetadata
+
+                self._consumer.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in positions.items()})
         except self._kafka.errors.KafkaError:
             return False
         return True
@@ -204,14 +219,22 @@ class KafkaConsumerAdapter:
 
     def end_offset(self, topic: str, partition: int) -> int:
         tp = self._kafka.TopicPartition(topic, partition)
-        return self._consumer.end_offsets([tp], timeout_ms=15000)[tp]
+        try:
+            return self._consumer.end_offsets([tp])[tp]
+        except self._kafka.errors.KafkaError as exc:
+            raise BusError(f"reading the end offset of {topic}/{partition} failed: {exc}.") from None
 
     def commit(self) -> None:
+        errors = self._kafka.errors
         try:
             self._consumer.commit()
-        except self._kafka.errors.KafkaError as exc:
-            # The effect is done; an uncommitted offset means a replay, which
-            # the idempotent consumers absorb.
+        except (errors.CommitFailedError, errors.RebalanceInProgressError, errors.IllegalGenerationError,
+                errors.UnknownMemberIdError):
+            # The group is rebalancing: the next poll completes it and the next
+            # commit covers these offsets; a message handled twice meanwhile is
+            # absorbed by the idempotent consumers. Not an outage of the bus.
+            self.skipped_commits += 1
+        except errors.KafkaError as exc:
             raise BusError(f"committing offsets failed: {exc}.") from None
 
     def close(self) -> None:

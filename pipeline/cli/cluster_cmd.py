@@ -130,18 +130,25 @@ def run_service(service, label: str) -> int:
         signal.signal(sig, request_stop)
     err_console.print(f"trainwarden ▸ {label}: running", highlight=False)
     next_health = time.monotonic() + HEALTH_EVERY_S
-    bus_down = False
+    bus_down = ""
+    errors = 0
     while not stopping.is_set():
         try:
             service.run_once()
             if bus_down:
                 err_console.print(f"trainwarden ▸ {label}: the bus is back")
-                bus_down = False
+                bus_down = ""
         except BusError as exc:
-            if not bus_down:
+            if bus_down != str(exc):
                 err_console.print(f"[yellow]trainwarden ▸ {label}: {exc} (retrying)[/]")
-                bus_down = True
+                bus_down = str(exc)
             time.sleep(1.0)
+        except Exception as exc:  # noqa: BLE001 - a service must outlive one bad iteration
+            errors += 1
+            err_console.print(f"[red]trainwarden ▸ {label}: internal error {exc!r} (error {errors}; continuing)[/]")
+            if os.environ.get("TRAINWARDEN_DEBUG"):
+                raise
+            time.sleep(min(30.0, 0.5 * errors))
         if time.monotonic() >= next_health:
             counters = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(service.counters).items())
             err_console.print(f"[dim]trainwarden ▸ {label}: healthy; {counters}[/]", highlight=False)

@@ -44,16 +44,22 @@ class ServiceProcesses:
         else:
             args = [name]
         log = open(self.tmp / f"{name}.log", "ab")
-        proc = subprocess.Popen([*TRAINWARDEN, *args, *extra], env=self.env, cwd=ROOT, stdout=log,
+        env = dict(self.env)
+        if os.environ.get("TRAINWARDEN_TEST_KAFKA_DEBUG"):
+            env["TRAINWARDEN_KAFKA_DEBUG"] = str(self.tmp / f"{name}.kafka-debug")
+        proc = subprocess.Popen([*TRAINWARDEN, *args, *extra], env=env, cwd=ROOT, stdout=log,
                                 stderr=subprocess.STDOUT)
         self.procs[name] = proc
         return proc
 
     def start_agent(self, node: str) -> subprocess.Popen:
         log = open(self.tmp / f"agent-{node}.log", "ab")
+        env = dict(self.env)
+        if os.environ.get("TRAINWARDEN_TEST_KAFKA_DEBUG"):
+            env["TRAINWARDEN_KAFKA_DEBUG"] = str(self.tmp / f"agent-{node}.kafka-debug")
         proc = subprocess.Popen([*TRAINWARDEN, "agent", "--node", node, "--slots", str(self.slots),
                                  "--log-dir", str(self.tmp / f"logs-{node}"), "--address", "127.0.0.1"],
-                                env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         self.procs[f"agent-{node}"] = proc
         return proc
 
