@@ -221,9 +221,22 @@ class FakeAgent:
 
 def group_members(admin, group: str) -> int:
     try:
-        return len(admin.describe_groups([group])[0].members)
+        return len(admin.describe_consumer_groups([group])[0].members)
     except Exception:  # noqa: BLE001 - only a warning depends on it
         return -1
+
+
+def commit_group_offsets(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
+    """Commit offsets for a group that has no members yet, as a member-less client."""
+    import kafka
+
+    consumer = kafka.KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        partitions = [kafka.TopicPartition(topic, p) for p in offsets]
+        consumer.assign(partitions)
+        consumer.commit({tp: kafka.structs.OffsetAndMetadata(offsets[tp.partition], "", -1) for tp in partitions})
+    finally:
+        consumer.close()
 
 
 def main() -> int:
@@ -264,8 +277,7 @@ def main() -> int:
     # The processor's fresh group starts the logs topic at its current end
     # (committed before it joins): earlier runs' lines are not ours to time.
     ends = offsets.ends(LOGS)
-    admin.alter_group_offsets(group, {kafka.TopicPartition(LOGS, p): kafka.structs.OffsetAndMetadata(end, "", -1)
-                                      for p, end in ends.items()})
+    commit_group_offsets(args.bootstrap, group, LOGS, ends)
     decided: dict[str, tuple[float, Decision]] = {}
 
     def on_decision(decision: Decision) -> None:
@@ -488,7 +500,7 @@ def main() -> int:
         producer.close()
         offsets.close()
         try:
-            admin.delete_groups([group])
+            admin.delete_consumer_groups([group])
         except Exception as exc:  # noqa: BLE001
             warnings.append(f"could not delete the bench's consumer group {group}: {exc}")
         admin.close()
