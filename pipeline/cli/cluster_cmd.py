@@ -24,6 +24,8 @@ from pipeline.runtime.clock import now as clock_now
 from pipeline.store import default_store_dir, open_writer
 
 HEALTH_EVERY_S = 30.0
+COMMANDS = frozenset({"kafka", "agent", "processor", "actuator", "submit", "nodes"})
+TAKES_COMMAND = frozenset({"submit"})
 
 
 def add_commands(sub) -> None:

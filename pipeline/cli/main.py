@@ -69,10 +69,23 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("--rules", help="rules directory for every test file (default: each file's rule_files)")
     test.add_argument("--json", action="store_true")
 
-    from pipeline.cli.cluster_cmd import add_commands
-
-    add_commands(sub)
+    for module in _command_modules():
+        module.add_commands(sub)
     return parser
+
+
+# Modules that add commands: each has add_commands(subparsers), a COMMANDS set
+# of the top-level names it adds, TAKES_COMMAND (those that accept a command
+# after '--'), and dispatch(args, command) -> exit code.
+COMMAND_MODULES = (
+    "pipeline.cli.cluster_cmd",
+)
+
+
+def _command_modules():
+    import importlib
+
+    return [importlib.import_module(name) for name in COMMAND_MODULES]
 
 
 def _positive(text: str) -> int:
@@ -164,12 +177,11 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
             from pipeline.cli.run_cmd import cmd_run
 
             return cmd_run(args, command)
-        if args.command in ("kafka", "agent", "processor", "actuator", "submit", "nodes"):
-            from pipeline.cli.cluster_cmd import dispatch
-
-            if command and args.command != "submit":
-                return fail(f"'{args.command}' takes no command after '--'")
-            return dispatch(args, command)
+        for module in _command_modules():
+            if args.command in module.COMMANDS:
+                if command and args.command not in module.TAKES_COMMAND:
+                    return fail(f"'{args.command}' takes no command after '--'")
+                return module.dispatch(args, command)
         if command:
             return fail(f"'{args.command}' takes no command after '--'")
         if args.command == "history":
