@@ -84,3 +84,39 @@ class DeadLetter(msgspec.Struct, frozen=True):
 
 def to_row(record: msgspec.Struct) -> dict:
     return msgspec.structs.asdict(record)
+
+
+class StackReportRecord(msgspec.Struct, frozen=True):
+    """Stack snapshots of a hung job, grouped (pipeline/diagnose). One per hang
+    (or exit hang) decision, linked to its fault record by ``record_id``."""
+
+    report_id: str  # the hang decision's action id
+    record_id: str  # the fault record it explains (same id today; kept separate on purpose)
+    job_id: str
+    time: float  # when the snapshot was taken
+    round: int
+    tool: str  # py-spy, pystack, or "" when none could run
+    processes: int  # processes dumped
+    groups: int  # distinct stacks
+    suspects: str  # comma-separated instance names the report names as suspects
+    verdict: str  # one line for people
+    missing: str  # what could not be dumped, and why ("" when nothing)
+    report_json: str  # the whole report (groups, stacks, threads) as JSON
+    updated_at: float
+
+
+class DiagnosisRecord(msgspec.Struct, frozen=True):
+    """A finding of a diagnostic source: C4D lines, hang-interval advice."""
+
+    diagnosis_id: str  # deterministic: same finding, same id
+    job_id: str
+    time: float
+    node_name: str
+    source: str  # c4d, advice
+    kind: str  # RankCommHang, ..., hang_interval
+    level: str  # Error, Warning, Info
+    rank: int
+    detail: str
+    trusted: bool  # from the diagnostic channel (True) or the job's own output (False)
+    action: str  # what was done: isolate_node+restart_job, notify, recorded
+    updated_at: float

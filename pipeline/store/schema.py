@@ -15,7 +15,15 @@ from typing import Iterable
 
 import msgspec
 
-from pipeline.store.records import DeadLetter, FaultRecord, JobRecord, RestartStages, to_row
+from pipeline.store.records import (
+    DeadLetter,
+    DiagnosisRecord,
+    FaultRecord,
+    JobRecord,
+    RestartStages,
+    StackReportRecord,
+    to_row,
+)
 
 EMBEDDED_DATABASE = "trainwarden"
 
@@ -24,7 +32,8 @@ _TIME_MIN = -2208988800.0  # 1900-01-01
 _TIME_MAX = 10413791999.999  # 2299-12-31 23:59:59.999
 _UINT32 = (0, 2**32 - 1)
 _INT32 = (-(2**31), 2**31 - 1)
-_INT_RANGES = {"round": _UINT32, "error_code": _INT32, "instances": _UINT32, "rounds": _UINT32}
+_INT_RANGES = {"round": _UINT32, "error_code": _INT32, "instances": _UINT32, "rounds": _UINT32,
+               "processes": _UINT32, "groups": _UINT32, "rank": _INT32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +62,8 @@ TABLES = (
           ("detected_at", "decided_at", "stopped_at", "restarted_at", "running_at", "updated_at")),
     Table("jobs", JobRecord, ("submitted_at", "finished_at", "updated_at")),
     Table("dead_letters", DeadLetter, ("time",)),
+    Table("stack_reports", StackReportRecord, ("time", "updated_at")),
+    Table("diagnoses", DiagnosisRecord, ("time", "updated_at")),
 )
 BY_NAME = {t.name: t for t in TABLES}
 _BY_TYPE = {t.struct: t for t in TABLES}
