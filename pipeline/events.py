@@ -80,6 +80,8 @@ class Reason(str, enum.Enum):
     NODE_LOST = "node_lost"
     C4D_ERROR = "c4d_error"
     C4D_WARNING = "c4d_warning"
+    C4D_INFO = "c4d_info"
+    ADVICE_HANG_INTERVAL = "advice_hang_interval"
     JOB_SUBMITTED = "job_submitted"
     ALL_INSTANCES_SUCCEEDED = "all_instances_succeeded"
     INVALID_JOB = "invalid_job"

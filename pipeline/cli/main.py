@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     _store_option(run)
     run.add_argument("--rules", help="rules directory (default: the shipped rules)")
     run.add_argument("--quiet", action="store_true", help="do not echo the instances' output")
+    run.add_argument("--stack-tools", default=os.environ.get("TRAINWARDEN_STACK_TOOLS", "py-spy,pystack"),
+                     help="tools for stack snapshots of a hung job, in order of preference (default py-spy,pystack;"
+                          " 'none' to skip)")
+    run.add_argument("--stack-timeout", type=float, default=float(os.environ.get("TRAINWARDEN_STACK_TIMEOUT", 10)),
+                     help="seconds one process's stack dump may take (default 10)")
 
     history = sub.add_parser("history", help="fault records of one job or all jobs")
     history.add_argument("--job", help="only this job")
@@ -79,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 # after '--'), and dispatch(args, command) -> exit code.
 COMMAND_MODULES = (
     "pipeline.cli.cluster_cmd",
+    "pipeline.cli.diagnose_cmd",
 )
 
 

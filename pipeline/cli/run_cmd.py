@@ -7,6 +7,7 @@ import dataclasses
 import os
 
 from pipeline.cli.output import ConsoleReporter, err_console, fail
+from pipeline.diagnose.collect import tool_order
 from pipeline.jobspec import from_command, load_job_file
 from pipeline.rules.loader import load_rules
 from pipeline.services.embedded import EmbeddedRun
@@ -35,7 +36,13 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     writer = open_writer(store_dir)
     reporter = ConsoleReporter(quiet_output=args.quiet)
     reporter.info(f"job {job.job_id}: {len(job.instances())} instances, history in {store_dir}")
-    result = EmbeddedRun(job, pack, writer, reporter).run()
+    try:
+        tools = () if args.stack_tools.strip().lower() == "none" else tool_order(args.stack_tools)
+    except ValueError as exc:
+        return fail(f"--stack-tools: {exc}", hint="for example --stack-tools=pystack,py-spy or --stack-tools=none")
+    if not 0.5 <= args.stack_timeout <= 300:
+        return fail("--stack-timeout must be from 0.5 to 300 seconds")
+    result = EmbeddedRun(job, pack, writer, reporter, stack_tools=tools, stack_timeout_s=args.stack_timeout).run()
     _compact(store_dir)
     colour = "green" if result.exit_code == 0 else "red"
     extra = f", {result.dead_letters} dead letters" if result.dead_letters else ""

@@ -10,6 +10,7 @@ from typing import Optional
 
 import msgspec
 
+from pipeline.diagnose.advice import WATCHDOG_MARK, advised_interval, watchdog_timeout
 from pipeline.engine import failures, timers
 from pipeline.engine.decide import apply, guarded, make_decision
 from pipeline.engine.state import InstanceStatus, JobState, JobStatus, new_job_state
@@ -34,6 +35,7 @@ from pipeline.rules.model import RulePack
 from pipeline.settings import JobSettings, SettingsError, parse_args_string
 
 MAX_KEYWORDS = 1000
+_NO_DECISIONS: list = []  # shared and never mutated: the common answer to a log line
 
 
 def start_job(event: JobSubmitted, pack: RulePack, now: float) -> tuple[JobState, list[Decision]]:
@@ -85,8 +87,28 @@ def _on_log(state: JobState, event: LogLine, now: float) -> list[Decision]:
         return []
     if event.time > inst.last_output:
         inst.last_output = event.time
-    inst.tail.append(event.text)
-    return []
+    text = event.text
+    inst.tail.append(text)
+    if WATCHDOG_MARK not in text:  # inline: this runs for every line of every instance
+        return _NO_DECISIONS
+    timeout = watchdog_timeout(text)
+    return _NO_DECISIONS if timeout is None else _advise(state, inst, timeout, event, now)
+
+
+def _advise(state: JobState, inst, timeout: float, event: LogLine, now: float) -> list[Decision]:
+    """A collective timeout at or under the hang interval in force means the
+    job dies before a hang is detected (and its stacks taken): say so, once."""
+    settings = state.settings
+    interval = settings.job_hang_interval if inst.hang_interval is None else inst.hang_interval
+    if timeout in state.advised_timeouts or interval < 0 or interval < timeout:
+        return []
+    state.advised_timeouts.add(timeout)
+    advised = advised_interval(timeout)
+    message = (f"the collective timeout is {timeout:g} s but the hang interval is {interval} s: a hang ends in "
+               f"the watchdog's kill before it is detected; set --job-hang-interval={advised}")
+    return [make_decision(state, DecisionKind.NOTIFY, Reason.ADVICE_HANG_INTERVAL, "advice_hang_interval", now,
+                          fault_key=("advice", timeout), inst=inst, message=message,
+                          category="advice", detected_at=event.time)]
 
 
 def _on_exit(state: JobState, event: InstanceExited, now: float) -> list[Decision]:

@@ -80,6 +80,8 @@ class JobState:
     # judged on reports older than REPORT_STALE_S (missing data is not silence).
     activity_reports: bool = False
     silence_checks_skipped: int = 0
+    # Collective timeouts (s) already advised about: one notification each.
+    advised_timeouts: set = dataclasses.field(default_factory=set)
 
     @property
     def finished(self) -> bool:

@@ -37,6 +37,10 @@ class LocalJobRunner:
     def instance_names(self) -> list[str]:
         return list(self._specs)
 
+    def tokens(self) -> dict[str, str]:
+        """Instance -> token of its current incarnation (finds all its processes)."""
+        return dict(self._tokens)
+
     def master_port(self, round_: int) -> int:
         # A free port per round: the previous round's port may linger in TIME_WAIT.
         if round_ not in self._ports:

@@ -15,16 +15,17 @@ import traceback
 from typing import Optional, Protocol
 
 from pipeline.actuator import Actuator
+from pipeline.diagnose.collect import DEFAULT_TIMEOUT_S, DEFAULT_TOOLS, snapshot
 from pipeline.engine import JobState, JobStatus, start_job, step
 from pipeline.engine.decide import apply, make_decision
-from pipeline.events import Decision, DecisionKind, Event, JobSubmitted, LogLine, Reason, Tick
+from pipeline.events import Decision, DecisionKind, ErrorSource, Event, JobSubmitted, LogLine, Reason, Tick
 from pipeline.jobspec import JobDefinition
 from pipeline.rules.model import RulePack
 from pipeline.runtime.clock import now as clock_now
 from pipeline.runtime.control import ControlServer, PendingReply
 from pipeline.runtime.inbox import Inbox
 from pipeline.runtime.launcher import LocalJobRunner
-from pipeline.store.records import DeadLetter, JobRecord
+from pipeline.store.records import DeadLetter, JobRecord, StackReportRecord
 
 TICK_S = 0.2  # bounds detection latency of the timers to well under a second
 
@@ -85,7 +86,8 @@ class RunResult:
 
 class EmbeddedRun:
     def __init__(self, job: JobDefinition, pack: RulePack, history: HistoryWriter, reporter: Reporter,
-                 node: Optional[str] = None, tick_s: float = TICK_S):
+                 node: Optional[str] = None, tick_s: float = TICK_S,
+                 stack_tools: tuple[str, ...] = DEFAULT_TOOLS, stack_timeout_s: float = DEFAULT_TIMEOUT_S):
         self.job = job
         self.pack = pack
         self.history = history
@@ -98,6 +100,9 @@ class EmbeddedRun:
         self.dead_letters = 0
         self.submitted_at = clock_now()
         self._runner: Optional[LocalJobRunner] = None
+        self.stack_tools = stack_tools
+        self.stack_timeout_s = stack_timeout_s
+        self.stack_reports: list = []
 
     def run(self) -> RunResult:
         # The first write fails loudly (a wrong --store is a usage problem);
@@ -200,7 +205,28 @@ class EmbeddedRun:
                 self.reporter.decision(decision)
             except Exception:  # noqa: BLE001 - printing must never stop an action
                 pass
+            if decision.error_source in (ErrorSource.HANG, ErrorSource.EXIT_HANG) and decision.kind in (
+                    DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB):
+                self._stack_report(decision)
             actuator.execute(decision)
+
+    def _stack_report(self, decision: Decision) -> None:
+        """The stacks of the hung job, taken before the restart ends it."""
+        if self._runner is None or not self.stack_tools:
+            return
+        try:
+            report = snapshot(self._runner.tokens(), self.stack_tools, self.stack_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a failed diagnosis must not stop the restart
+            self.reporter.info(f"stack snapshot failed: {exc!r}")
+            return
+        self.stack_reports.append(report)
+        self.reporter.info(report.text())
+        now = clock_now()
+        self.history.write([StackReportRecord(
+            report_id=decision.action_id, record_id=decision.action_id, job_id=decision.job_id, time=now,
+            round=decision.round, tool=report.tool, processes=report.processes, groups=len(report.groups),
+            suspects=",".join(report.suspects), verdict=report.verdict[:2000], missing="; ".join(report.missing)[:4000],
+            report_json=report.to_json()[:1_000_000], updated_at=now)])
 
     def _refused(self, reason: str, raw: bytes) -> None:
         self._dead_letter("sdk", reason, raw.decode("utf-8", errors="replace"))
