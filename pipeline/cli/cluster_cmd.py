@@ -42,6 +42,8 @@ def add_commands(sub) -> None:
     agent.add_argument("--slots", type=int, default=8, help="instances this node can run at once (default 8)")
     agent.add_argument("--log-dir", default=None, help="where instance output files go (for Vector)")
     agent.add_argument("--address", default="", help="address other nodes reach this one at (MASTER_ADDR)")
+    agent.add_argument("--c4d-log", default=os.environ.get("TRAINWARDEN_C4D_LOG"),
+                       help="the C4D agent's log file on this node: the trusted diagnostic channel")
     agent.add_argument("--no-ship-logs", action="store_true",
                        help="write output files only, for Vector to ship (lines would otherwise arrive twice)")
     _bootstrap(agent)
@@ -106,7 +108,8 @@ def _service(args: argparse.Namespace) -> int:
         if not 1 <= args.slots <= 4096:
             return fail("--slots must be from 1 to 4096")
         log_dir = Path(args.log_dir or default_store_dir().parent / f"agent-{args.node}" / "logs")
-        service = Agent(bus, args.node, args.slots, log_dir, address=args.address, ship_logs=not args.no_ship_logs)
+        service = Agent(bus, args.node, args.slots, log_dir, address=args.address, ship_logs=not args.no_ship_logs,
+                        c4d_log=Path(args.c4d_log) if args.c4d_log else None)
         label = f"agent {args.node} ({args.slots} slots, logs in {log_dir})"
     elif args.command == "processor":
         from pipeline.services.processor import Processor

@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stack-tools", default=os.environ.get("TRAINWARDEN_STACK_TOOLS", "py-spy,pystack"),
                      help="tools for stack snapshots of a hung job, in order of preference (default py-spy,pystack;"
                           " 'none' to skip)")
+    run.add_argument("--c4d-log", default=os.environ.get("TRAINWARDEN_C4D_LOG"),
+                     help="the C4D agent's log file on this machine: the trusted diagnostic channel")
     run.add_argument("--stack-timeout", type=float, default=float(os.environ.get("TRAINWARDEN_STACK_TIMEOUT", 10)),
                      help="seconds one process's stack dump may take (default 10)")
 

@@ -42,7 +42,8 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         return fail(f"--stack-tools: {exc}", hint="for example --stack-tools=pystack,py-spy or --stack-tools=none")
     if not 0.5 <= args.stack_timeout <= 300:
         return fail("--stack-timeout must be from 0.5 to 300 seconds")
-    result = EmbeddedRun(job, pack, writer, reporter, stack_tools=tools, stack_timeout_s=args.stack_timeout).run()
+    result = EmbeddedRun(job, pack, writer, reporter, stack_tools=tools, stack_timeout_s=args.stack_timeout,
+                         c4d_log=args.c4d_log).run()
     _compact(store_dir)
     colour = "green" if result.exit_code == 0 else "red"
     extra = f", {result.dead_letters} dead letters" if result.dead_letters else ""

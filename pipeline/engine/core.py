@@ -35,6 +35,7 @@ from pipeline.rules.model import RulePack
 from pipeline.settings import JobSettings, SettingsError, parse_args_string
 
 MAX_KEYWORDS = 1000
+C4D_LEVELS = ("Info", "Warning", "Error")
 _NO_DECISIONS: list = []  # shared and never mutated: the common answer to a log line
 
 
@@ -178,6 +179,8 @@ def _on_node_lost(state: JobState, event: NodeLost, now: float) -> list[Decision
 
 def _on_diagnosis(state: JobState, event: Diagnosis, now: float) -> list[Decision]:
     settings = state.settings
+    if event.level in C4D_LEVELS and C4D_LEVELS.index(event.level) < C4D_LEVELS.index(settings.c4d_log_level.value):
+        return []  # below --c4d-log-level: not shown, not acted on
     for rule in state.pack.diagnoses:
         if rule.source != event.source or (rule.levels and event.level not in rule.levels):
             continue

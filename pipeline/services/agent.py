@@ -29,7 +29,9 @@ from pipeline.bus.messages import (
     StopInstances,
 )
 from pipeline.bus.serde import DecodeError, decode, encode
-from pipeline.events import Activity, InstanceActivity, InstanceExited, InstanceStarted, LogLine
+from pipeline.diagnose.c4d import C4DFormatError, parse_line
+from pipeline.events import Activity, Diagnosis, InstanceActivity, InstanceExited, InstanceStarted, LogLine
+from pipeline.runtime.c4d_source import FileFollower
 from pipeline.runtime.clock import now as clock_now
 from pipeline.runtime.control import ControlServer, Incarnation, PendingReply
 from pipeline.runtime.environment import instance_env, sdk_import_dir
@@ -71,7 +73,7 @@ class AgentCounters:
 
 class Agent:
     def __init__(self, bus: Bus, node: str, slots: int, log_dir: Path, address: str = "",
-                 clock: Callable[[], float] = clock_now, ship_logs: bool = True):
+                 clock: Callable[[], float] = clock_now, ship_logs: bool = True, c4d_log: Optional[Path] = None):
         self.node = node
         # False when Vector ships the log files: every line would arrive twice.
         self.ship_logs = ship_logs
@@ -90,6 +92,8 @@ class Agent:
         self.consumer = bus.consumer([COMMANDS], f"{PREFIX}-agent-{node}", from_beginning=False)
         self._next_batch = self._next_report = 0.0
         self._ready = False
+        # The C4D agent's log on this node: the trusted diagnostic channel.
+        self.c4d = FileFollower(c4d_log, self._c4d_line) if c4d_log else None
         self._stoppers: list[threading.Thread] = []
 
     # ------------------------------------------------------------ the loop
@@ -130,6 +134,8 @@ class Agent:
         return self._ready
 
     def close(self, grace_s: float = 10.0) -> None:
+        if self.c4d is not None:
+            self.c4d.close()
         for runtime in self.runtimes.values():
             runtime.stop_all(grace_s)
         for thread in self._stoppers:
@@ -224,6 +230,9 @@ class Agent:
         if isinstance(item, PendingReply):
             self._sdk(item)
             return
+        if isinstance(item, tuple) and item[0] == "c4d":
+            self._diagnosis(item[1])
+            return
         running = self.running.get((item.job_id, item.instance))
         if running is None or (running.round, running.start) != (item.round, item.start):
             return  # a stopped incarnation's last words: the engine would ignore them anyway
@@ -247,6 +256,28 @@ class Agent:
             exited = InstanceExited(job_id=item.job_id, time=item.time, instance=item.instance, round=item.round,
                                     start=item.start, exit_code=item.exit_code, tail=tuple(running.tail))
             self.producer.send(EVENTS, item.job_id, encode(exited))
+
+    def _c4d_line(self, line: str) -> None:
+        """From the follower's thread: hand the finding to the main loop."""
+        self.inbox.put(("c4d", line))
+
+    def _diagnosis(self, line: str) -> None:
+        try:
+            finding = parse_line(line)
+        except C4DFormatError as exc:
+            self.counters.dead_letters += 1
+            self.producer.send(DEAD_LETTERS, f"agent-{self.node}", encode(DeadLetterMessage(
+                time=self.clock(), service=f"agent-{self.node}", topic="c4d", partition=-1, offset=-1,
+                key=self.node, error=str(exc), value=line[:16384])))
+            return
+        if finding is None:
+            return
+        # A finding names a job, or concerns every job with instances on this node.
+        jobs = [finding.job] if finding.job else sorted({r.job_id for r in self.running.values()})
+        for job_id in jobs:
+            self.producer.send(EVENTS, job_id, encode(Diagnosis(
+                job_id=job_id, time=self.clock(), node=finding.node or self.node, source="c4d", kind=finding.kind,
+                level=finding.level, rank=finding.rank, detail=finding.detail)))
 
     def _sdk(self, pending: PendingReply) -> None:
         if not pending.take():

@@ -15,17 +15,30 @@ import traceback
 from typing import Optional, Protocol
 
 from pipeline.actuator import Actuator
+from pipeline.diagnose.c4d import C4DFormatError, Finding, parse_line
 from pipeline.diagnose.collect import DEFAULT_TIMEOUT_S, DEFAULT_TOOLS, snapshot
 from pipeline.engine import JobState, JobStatus, start_job, step
 from pipeline.engine.decide import apply, make_decision
-from pipeline.events import Decision, DecisionKind, ErrorSource, Event, JobSubmitted, LogLine, Reason, Tick
+from pipeline.events import (
+    Decision,
+    DecisionKind,
+    Diagnosis,
+    ErrorSource,
+    Event,
+    JobSubmitted,
+    LogLine,
+    Reason,
+    Tick,
+    action_id,
+)
 from pipeline.jobspec import JobDefinition
 from pipeline.rules.model import RulePack
+from pipeline.runtime.c4d_source import FileFollower
 from pipeline.runtime.clock import now as clock_now
 from pipeline.runtime.control import ControlServer, PendingReply
 from pipeline.runtime.inbox import Inbox
 from pipeline.runtime.launcher import LocalJobRunner
-from pipeline.store.records import DeadLetter, JobRecord, StackReportRecord
+from pipeline.store.records import DeadLetter, DiagnosisRecord, JobRecord, StackReportRecord
 
 TICK_S = 0.2  # bounds detection latency of the timers to well under a second
 
@@ -87,7 +100,8 @@ class RunResult:
 class EmbeddedRun:
     def __init__(self, job: JobDefinition, pack: RulePack, history: HistoryWriter, reporter: Reporter,
                  node: Optional[str] = None, tick_s: float = TICK_S,
-                 stack_tools: tuple[str, ...] = DEFAULT_TOOLS, stack_timeout_s: float = DEFAULT_TIMEOUT_S):
+                 stack_tools: tuple[str, ...] = DEFAULT_TOOLS, stack_timeout_s: float = DEFAULT_TIMEOUT_S,
+                 c4d_log: Optional[str] = None):
         self.job = job
         self.pack = pack
         self.history = history
@@ -103,6 +117,7 @@ class EmbeddedRun:
         self.stack_tools = stack_tools
         self.stack_timeout_s = stack_timeout_s
         self.stack_reports: list = []
+        self.c4d_log = c4d_log
 
     def run(self) -> RunResult:
         # The first write fails loudly (a wrong --store is a usage problem);
@@ -113,6 +128,8 @@ class EmbeddedRun:
         runner = self._runner = LocalJobRunner(self.job, self.inbox.put, control, self.node,
                                                line_sink=self.inbox.offer_line)
         actuator = Actuator(runner, self.history, self.node, clock=clock_now)
+        # The diagnostic channel: only this file, never the job's own output, may isolate a node.
+        follower = FileFollower(self.c4d_log, self._c4d_line) if self.c4d_log else None
         status = None
         try:
             submitted = JobSubmitted(job_id=self.job.job_id, time=self.submitted_at, framework=self.job.framework,
@@ -127,6 +144,8 @@ class EmbeddedRun:
             self.reporter.info("interrupted: stopping every instance (interrupt again to kill them at once)")
         finally:
             try:
+                if follower is not None:
+                    follower.close()
                 actuator.finish()
                 runner.close()
             finally:
@@ -177,6 +196,8 @@ class EmbeddedRun:
         event = reply.message if reply else item
         if isinstance(event, LogLine):
             self.reporter.line(event)
+            if "C4D" in event.text or "c4d" in event.text:
+                self._untrusted_c4d(event)
         try:
             self.state, decisions = step(self.state, event, clock_now() if now is None else now)
         except Exception as exc:  # a bug must not lose the event or leave the job unsupervised
@@ -189,6 +210,8 @@ class EmbeddedRun:
                 reply.resolve(True, "taken")
             if isinstance(event, LogLine):
                 actuator.observe(event)
+            elif isinstance(event, Diagnosis):
+                self._record_diagnosis(event, True, "+".join(d.kind.value for d in decisions) or "recorded")
         self._handle(decisions, actuator)
 
     def _engine_failure(self, exc: Exception) -> Decision:
@@ -209,6 +232,37 @@ class EmbeddedRun:
                     DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB):
                 self._stack_report(decision)
             actuator.execute(decision)
+
+    def _c4d_line(self, line: str) -> None:
+        """A line of the C4D agent's log (its own thread): a finding goes to the engine."""
+        try:
+            finding = parse_line(line)
+        except C4DFormatError as exc:
+            self._dead_letter("c4d", str(exc), line)
+            return
+        if finding is not None:
+            self.inbox.put(self._diagnosis(finding))
+
+    def _diagnosis(self, finding: Finding) -> Diagnosis:
+        return Diagnosis(job_id=self.job.job_id, time=clock_now(), node=finding.node or self.node, source="c4d",
+                         kind=finding.kind, level=finding.level, rank=finding.rank, detail=finding.detail)
+
+    def _untrusted_c4d(self, event: LogLine) -> None:
+        try:
+            finding = parse_line(event.text)
+        except C4DFormatError:
+            return
+        if finding is not None:
+            # Anyone can print this; only the diagnostic channel may act on it.
+            self._record_diagnosis(self._diagnosis(finding), False,
+                                   f"recorded only: printed by {event.instance}, not the C4D channel")
+
+    def _record_diagnosis(self, event: Diagnosis, trusted: bool, action: str) -> None:
+        self.history.write([DiagnosisRecord(
+            diagnosis_id=action_id(event.job_id, "diagnosis", event.time, event.node, event.kind, event.level, trusted),
+            job_id=event.job_id, time=event.time, node_name=event.node, source=event.source, kind=event.kind,
+            level=event.level, rank=event.rank, detail=event.detail, trusted=trusted, action=action,
+            updated_at=clock_now())])
 
     def _stack_report(self, decision: Decision) -> None:
         """The stacks of the hung job, taken before the restart ends it."""

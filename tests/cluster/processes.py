@@ -57,8 +57,10 @@ class ServiceProcesses:
         env = dict(self.env)
         if os.environ.get("TRAINWARDEN_TEST_KAFKA_DEBUG"):
             env["TRAINWARDEN_KAFKA_DEBUG"] = str(self.tmp / f"agent-{node}.kafka-debug")
+        (self.tmp / f"c4d-{node}.log").touch()
         proc = subprocess.Popen([*TRAINWARDEN, "agent", "--node", node, "--slots", str(self.slots),
-                                 "--log-dir", str(self.tmp / f"logs-{node}"), "--address", "127.0.0.1"],
+                                 "--log-dir", str(self.tmp / f"logs-{node}"), "--address", "127.0.0.1",
+                                 "--c4d-log", str(self.tmp / f"c4d-{node}.log")],
                                 env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         self.procs[f"agent-{node}"] = proc
         return proc
