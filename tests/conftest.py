@@ -18,7 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINWARDEN = [sys.executable, "-m", "pipeline.cli.main"]
-JOB_PREFIX = "twtest-"
+# Unique per test session: the orphan check must only ever see (and kill) the
+# processes of this session's jobs, not those of another run on the machine.
+JOB_PREFIX = f"twtest-{uuid.uuid4().hex[:6]}-"
 
 
 def job_processes(prefix: str = JOB_PREFIX) -> list[tuple[int, str]]:
@@ -91,7 +93,7 @@ def cli(store):
 
 @pytest.fixture
 def job_id() -> str:
-    return f"{JOB_PREFIX}{uuid.uuid4().hex[:10]}"
+    return f"{JOB_PREFIX}{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
