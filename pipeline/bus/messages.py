@@ -94,6 +94,20 @@ class StopInstances(msgspec.Struct, frozen=True, tag="stop_instances"):
     # (instance, round, start) to stop exactly these incarnations; empty:
     # whatever incarnation of the named instances runs when the command arrives.
     incarnations: tuple[tuple[str, int, int], ...] = ()
+    # A hung job: dump the instances' stacks before stopping them, and send
+    # them (stack_dumps) under this report id.
+    snapshot_report: str = ""
+
+
+class StackDumps(msgspec.Struct, frozen=True, tag="stack_dumps"):
+    """One node's stack dumps of a hung job's instances, for the actuator's report."""
+
+    node: str
+    job_id: str
+    report_id: str
+    time: float
+    dumps_json: str  # [{"pid", "instance", "tool", "threads": [{"id", "name", "main", "frames": [[f, file, line]]}]}]
+    missing: tuple[str, ...] = ()
 
 
 class ActionDone(msgspec.Struct, frozen=True, tag="action_done"):

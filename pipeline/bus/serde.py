@@ -17,6 +17,7 @@ from pipeline.bus.messages import (
     Heartbeat,
     LogBatch,
     NodeState,
+    StackDumps,
     StartInstance,
     StopInstances,
     WireLogLine,
@@ -42,6 +43,7 @@ EventMessage = Union[JobSubmitted, InstanceStarted, InstanceExited, SdkMessage, 
 LogMessage = Union[LogBatch, WireLogLine]
 CommandMessage = Union[StartInstance, StopInstances]
 ActuatorStateMessage = Union[ActionDone, NodeState]
+NodeMessage = Union[Heartbeat, StackDumps]
 
 
 class DecodeError(ValueError):
@@ -62,7 +64,7 @@ _decoders = {
     LOGS: msgspec.json.Decoder(LogMessage),
     COMMANDS: msgspec.json.Decoder(CommandMessage),
     DECISIONS: msgspec.json.Decoder(_DecisionEnvelope),
-    NODES: msgspec.json.Decoder(Heartbeat),
+    NODES: msgspec.json.Decoder(NodeMessage),
     ACTUATOR_STATE: msgspec.json.Decoder(ActuatorStateMessage),
     DEAD_LETTERS: msgspec.json.Decoder(DeadLetterMessage),
 }

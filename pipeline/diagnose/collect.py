@@ -95,6 +95,13 @@ def dump_process(pid: int, tools: Sequence[str], timeout_s: float) -> tuple[Proc
 def snapshot(tokens: Mapping[str, str], tools: Sequence[str] = DEFAULT_TOOLS,
              timeout_s: float = DEFAULT_TIMEOUT_S, workers: int = 16) -> StackReport:
     """Dump every process of these instances (instance -> token) and group the stacks."""
+    dumps, missing = dump_instances(tokens, tools, timeout_s, workers)
+    return build_report(dumps, missing)
+
+
+def dump_instances(tokens: Mapping[str, str], tools: Sequence[str] = DEFAULT_TOOLS,
+                   timeout_s: float = DEFAULT_TIMEOUT_S, workers: int = 16) -> tuple[list[ProcessDump], list[str]]:
+    """The dumps of every process of these instances, and what could not be dumped."""
     targets = [(instance, pid) for instance, token in tokens.items() for pid in processes_of(token)]
     missing = [f"{instance}: no process found" for instance, token in tokens.items() if not processes_of(token)]
     dumps: list[ProcessDump] = []
@@ -110,7 +117,7 @@ def snapshot(tokens: Mapping[str, str], tools: Sequence[str] = DEFAULT_TOOLS,
                 else:
                     dumps.append(ProcessDump(dump.pid, dump.threads, dump.tool, instance))
     dumps.sort(key=lambda d: (d.instance, d.pid))
-    return build_report(dumps, sorted(missing))
+    return dumps, sorted(missing)
 
 
 def tool_order(text: str | None) -> tuple[str, ...]:

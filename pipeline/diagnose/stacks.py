@@ -175,3 +175,21 @@ def split_concatenated(text: str) -> Iterable[str]:
     """Several dumps saved one after another: split at each tool's process header."""
     parts = re.split(r"(?m)^(?=Process \d+:)", text)
     return [p for p in parts if p.strip()]
+
+
+def dumps_to_json(dumps: Iterable[ProcessDump]) -> str:
+    """Dumps for the wire (agent -> actuator)."""
+    return json.dumps([{"pid": d.pid, "instance": d.instance, "tool": d.tool,
+                        "threads": [{"id": t.thread_id, "name": t.name, "main": t.main,
+                                     "frames": [[f.function, f.file, f.line] for f in t.frames]}
+                                    for t in d.threads]} for d in dumps])
+
+
+def dumps_from_json(text: str) -> list[ProcessDump]:
+    dumps = []
+    for item in json.loads(text):
+        threads = tuple(ThreadStack(int(t["id"]), str(t["name"]), tuple(Frame(str(f[0]), str(f[1]), int(f[2]))
+                                                                          for f in t["frames"]), bool(t["main"]))
+                        for t in item["threads"])
+        dumps.append(ProcessDump(int(item["pid"]), threads, str(item["tool"]), str(item["instance"])))
+    return dumps

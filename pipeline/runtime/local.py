@@ -343,7 +343,9 @@ def _resolve(command: Sequence[str], env: dict, cwd: Optional[str]) -> list[str]
 
 def _with_parent_death_signal(argv: list[str]) -> list[str]:
     """The instance gets SIGKILL if its supervisor dies, even by SIGKILL, so
-    that no job outlives trainwarden or a node agent (util-linux setpriv)."""
+    that no job outlives trainwarden or a node agent (util-linux setpriv).
+    Linux sends it when the *thread* that forked the child ends: instances
+    must be started from a thread that lives as long as the supervisor."""
     if _SETPRIV is None:
         return argv
     return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]

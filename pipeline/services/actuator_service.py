@@ -30,11 +30,20 @@ from pipeline.bus import (
     Message,
 )
 from pipeline.bus.base import read_to_end
-from pipeline.bus.messages import ActionDone, DeadLetterMessage, Heartbeat, NodeState, StartInstance, StopInstances
+from pipeline.bus.messages import (
+    ActionDone,
+    DeadLetterMessage,
+    Heartbeat,
+    NodeState,
+    StackDumps,
+    StartInstance,
+    StopInstances,
+)
 from pipeline.bus.serde import DecodeError, decode, encode
-from pipeline.events import Decision, DecisionKind, InstanceSpec, JobSpec, NodeLost
+from pipeline.events import Decision, DecisionKind, ErrorSource, InstanceSpec, JobSpec, NodeLost
 from pipeline.runtime.clock import now as clock_now
 from pipeline.services.nodes import Cluster, NoCapacity, NodeStatus, master_port
+from pipeline.services.stack_reports import StackReports
 from pipeline.settings import JobSettings, SettingsError, parse_args_string
 from pipeline.store.records import JobRecord
 
@@ -72,6 +81,7 @@ class RemoteJobRuntime:
         self.instance_names = list(self.specs)
         self.incarnation: dict[str, tuple[int, int]] = {}
         self.waiting: list[tuple[str, int, int]] = []  # starts waiting for a free slot
+        self.snapshot_report = ""  # set while a hang's restart stops the instances
 
     def start(self, name: str, round_: int, start: int) -> int:
         self.incarnation[name] = (round_, start)
@@ -111,7 +121,9 @@ class RemoteJobRuntime:
             targets = tuple((name, *self.incarnation[name]) for name in instances if name in self.incarnation)
             self.service.send_command(StopInstances(node=node, job_id=self.job_id, action_id="stop",
                                                     instances=tuple(instances), grace_s=self.spec.stop_grace_s,
-                                                    incarnations=targets))
+                                                    incarnations=targets, snapshot_report=self.snapshot_report))
+            if self.snapshot_report:
+                self.service.reports.expect(self.snapshot_report, self.job_id, node)
 
     def stop_all(self) -> None:
         self.stop(self.instance_names)
@@ -150,6 +162,7 @@ class ActuatorService:
         self.clock = clock
         self.counters = ActuatorCounters()
         self.cluster = Cluster(node_timeout_s)
+        self.reports = StackReports(history, clock)
         self.executed: set[str] = set()
         self.jobs: dict[str, tuple[RemoteJobRuntime, Actuator]] = {}
         self._submitted: dict[str, float] = {}
@@ -223,6 +236,7 @@ class ActuatorService:
         for record in self.heartbeats.poll(0.0, max_records=5000):
             self._heartbeat(record)
         self._expire_nodes()
+        self.reports.flush_due(self.clock())
         for runtime, _ in list(self.jobs.values()):
             runtime.retry_waiting()
         records = self.decisions.poll(timeout_s, max_records=200)
@@ -257,12 +271,21 @@ class ActuatorService:
             self._job(decision.job_id, decision.spec, decision.instances, decision.args)
             self._write_job(decision, "running")
         entry = self.jobs.get(decision.job_id)
+        hung = decision.error_source in (ErrorSource.HANG, ErrorSource.EXIT_HANG) and decision.kind in (
+            DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB)
+        if entry is not None and hung:
+            # The agents dump the stacks before they stop the instances.
+            entry[0].snapshot_report = decision.action_id
+            self.reports.start(decision)
         if entry is None:
             # A job this actuator never started: nothing to stop or start
             # here, but the decision is still recorded (and isolation done).
             Actuator(_Unplaced(self), self.history, "", clock=self.clock, executed=self.executed).execute(decision)
         else:
-            entry[1].execute(decision)
+            try:
+                entry[1].execute(decision)
+            finally:
+                entry[0].snapshot_report = ""
         if decision.kind in (DecisionKind.FAIL_JOB, DecisionKind.COMPLETE_JOB):
             self._write_job(decision, "failed" if decision.kind is DecisionKind.FAIL_JOB else "succeeded")
             if entry is not None:
@@ -298,6 +321,9 @@ class ActuatorService:
             beat: Heartbeat = decode(NODES, record.value)
         except DecodeError as exc:
             self._dead_letter(record, str(exc))
+            return
+        if isinstance(beat, StackDumps):
+            self.reports.add(beat)
             return
         if beat.node == PROBE_NODE:
             if beat.address == self.probe_id:

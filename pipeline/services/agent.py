@@ -25,11 +25,14 @@ from pipeline.bus.messages import (
     Line,
     LogBatch,
     RunningInstance,
+    StackDumps,
     StartInstance,
     StopInstances,
 )
 from pipeline.bus.serde import DecodeError, decode, encode
 from pipeline.diagnose.c4d import C4DFormatError, parse_line
+from pipeline.diagnose.collect import configured, dump_instances
+from pipeline.diagnose.stacks import dumps_to_json
 from pipeline.events import Activity, Diagnosis, InstanceActivity, InstanceExited, InstanceStarted, LogLine
 from pipeline.runtime.c4d_source import FileFollower
 from pipeline.runtime.clock import now as clock_now
@@ -95,6 +98,8 @@ class Agent:
         # The C4D agent's log on this node: the trusted diagnostic channel.
         self.c4d = FileFollower(c4d_log, self._c4d_line) if c4d_log else None
         self._stoppers: list[threading.Thread] = []
+        self._stoppers_by_key: dict[tuple[str, str], threading.Thread] = {}
+        self._deferred: list = []  # (stopper thread, start) waiting for a stop to finish
 
     # ------------------------------------------------------------ the loop
 
@@ -109,6 +114,11 @@ class Agent:
         commands = self.consumer.poll(timeout_s, max_records=100)
         for record in commands:
             self._command(record)
+        if self._deferred:
+            ready = [d for d in self._deferred if not d[0].is_alive()]
+            self._deferred = [d for d in self._deferred if d[0].is_alive()]
+            for _, launch in ready:
+                launch()
         deadline = time.monotonic() + 0.2
         while time.monotonic() < deadline:
             item = self.inbox.get(0.0)
@@ -186,8 +196,6 @@ class Agent:
             runtime = self.runtimes[command.job_id] = LocalRuntime(
                 command.job_id, self.inbox.put, self.node, line_sink=self.inbox.offer_line)
         if current is not None:
-            # An older incarnation is still here.
-            runtime.stop([command.instance.name], 5.0, {command.instance.name: (current.round, current.start)})
             for handle in current.files.values():
                 handle.close()
             self.control.revoke(current.token)
@@ -203,8 +211,22 @@ class Agent:
         self.running[key] = _Running(command.job_id, command.instance.name, command.round, command.start,
                                      token=token, last_output=self.clock())
         self.counters.starts += 1
-        runtime.start(command.instance.name, command.command, env, command.workdir or None,
-                      command.round, command.start)
+        name = command.instance.name
+        older = {name: (current.round, current.start)} if current is not None else None
+        stopper = self._stoppers_by_key.get(key)
+
+        def launch() -> None:
+            if older is not None:
+                runtime.stop([name], 5.0, older)  # an older incarnation is still here
+            runtime.start(name, command.command, env, command.workdir or None, command.round, command.start)
+
+        if stopper is not None and stopper.is_alive():
+            # Its stack dump must see the old incarnation alive. The start
+            # waits, on this (main) thread: an instance gets SIGKILL when the
+            # thread that started it ends (parent-death signal).
+            self._deferred.append((stopper, launch))
+        else:
+            launch()
 
     def _stop(self, command: StopInstances) -> None:
         runtime = self.runtimes.get(command.job_id)
@@ -219,10 +241,31 @@ class Agent:
             targets = {name: (r.round, r.start) for name in names
                        if (r := self.running.get((command.job_id, name))) is not None}
         self.counters.stops += 1
-        # In the background: a grace period must not delay heartbeats.
-        thread = threading.Thread(target=runtime.stop, args=(list(targets), command.grace_s, targets), daemon=True)
+        tokens = {name: r.token for name in targets
+                  if (r := self.running.get((command.job_id, name))) is not None} if command.snapshot_report else {}
+        # In the background: a grace period (or a stack dump) must not delay heartbeats.
+        thread = threading.Thread(target=self._dump_then_stop, daemon=True,
+                                  args=(runtime, command, list(targets), targets, tokens))
         thread.start()
         self._stoppers = [t for t in self._stoppers if t.is_alive()] + [thread]
+        for name in targets:
+            self._stoppers_by_key[(command.job_id, name)] = thread
+
+    def _dump_then_stop(self, runtime: LocalRuntime, command: StopInstances, names: list,
+                        targets: dict, tokens: dict) -> None:
+        if command.snapshot_report:
+            tools, timeout = configured()
+            try:
+                dumps, missing = dump_instances(tokens, tools, timeout)
+            except Exception as exc:  # noqa: BLE001 - a failed dump must not keep the instances alive
+                dumps, missing = [], [f"{self.node}: stack dump failed: {exc!r}"]
+            try:
+                self.producer.send(NODES, self.node, encode(StackDumps(
+                    node=self.node, job_id=command.job_id, report_id=command.snapshot_report, time=self.clock(),
+                    dumps_json=dumps_to_json(dumps), missing=tuple(missing))))
+            except BusError:
+                pass  # the report will say this node's dumps are missing
+        runtime.stop(names, command.grace_s, targets)
 
     # ------------------------------------------------------ local events
 

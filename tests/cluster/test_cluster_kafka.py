@@ -78,6 +78,11 @@ def test_a_sync_job_across_nodes_survives_a_crash_a_hang_and_an_isolated_node(se
     assert sorted(pairs[2:]) == [("isolate_node", "c4d"), ("restart_job", "c4d")], pairs
     round3 = [e for e in _envs(out) if e["TRAINWARDEN_RESTART_ROUND"] == "3"]
     assert len(round3) == 2 and all(e["TRAINWARDEN_NODE"] != node for e in round3), round3
+    # The hang's restart came with a stack report, built from the agents' dumps.
+    stacks = subprocess.run([*TRAINWARDEN, "stacks", "--job", job_id, "--json", "--store", str(services.store)],
+                            env=services.env, capture_output=True, text=True, timeout=60)
+    [report] = json.loads(stacks.stdout)
+    assert report["round"] == 1 and report["processes"] == 2 and report["report"]["missing"] == [], report
     listed = subprocess.run([*TRAINWARDEN, "nodes", "--json"], env=services.env, capture_output=True, text=True,
                             timeout=60)
     assert {n["node"]: n["state"] for n in json.loads(listed.stdout)}[node] == "isolated"
