@@ -120,3 +120,22 @@ class DiagnosisRecord(msgspec.Struct, frozen=True):
     trusted: bool  # from the diagnostic channel (True) or the job's own output (False)
     action: str  # what was done: isolate_node+restart_job, notify, recorded
     updated_at: float
+
+
+class DeliveryRecord(msgspec.Struct, frozen=True):
+    """One notification delivery (an event to one subscription), pipeline/notify.
+    Never holds a URL, a header or a secret: names, ids, counts and a
+    redacted, bounded error text only."""
+
+    delivery_id: str  # deterministic from (event id, subscription)
+    event_id: str  # the webhook-id
+    subscription: str
+    job_id: str
+    event_type: str
+    time: float  # when the event happened
+    attempts: int
+    status: str  # a DeliveryStatus value
+    http_status: int  # of the last attempt; 0 when there was no HTTP answer
+    latency_ms: float  # of the last attempt
+    error: str  # redacted and bounded; "" when delivered
+    updated_at: float

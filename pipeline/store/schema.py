@@ -17,6 +17,7 @@ import msgspec
 
 from pipeline.store.records import (
     DeadLetter,
+    DeliveryRecord,
     DiagnosisRecord,
     FaultRecord,
     JobRecord,
@@ -33,7 +34,8 @@ _TIME_MAX = 10413791999.999  # 2299-12-31 23:59:59.999
 _UINT32 = (0, 2**32 - 1)
 _INT32 = (-(2**31), 2**31 - 1)
 _INT_RANGES = {"round": _UINT32, "error_code": _INT32, "instances": _UINT32, "rounds": _UINT32,
-               "processes": _UINT32, "groups": _UINT32, "rank": _INT32}
+               "processes": _UINT32, "groups": _UINT32, "rank": _INT32,
+               "attempts": _UINT32, "http_status": (0, 65535)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +66,7 @@ TABLES = (
     Table("dead_letters", DeadLetter, ("time",)),
     Table("stack_reports", StackReportRecord, ("time", "updated_at")),
     Table("diagnoses", DiagnosisRecord, ("time", "updated_at")),
+    Table("deliveries", DeliveryRecord, ("time", "updated_at")),
 )
 BY_NAME = {t.name: t for t in TABLES}
 _BY_TYPE = {t.struct: t for t in TABLES}

@@ -93,7 +93,8 @@ def test_every_table_has_the_columns_of_its_record_in_order_with_the_intended_ty
             elif column in low_cardinality:
                 assert kind == "LowCardinality(String)", column
         for column in table.ints:
-            assert described[column] == ("Int32" if column in ("error_code", "rank") else "UInt32")
+            expected = {"error_code": "Int32", "rank": "Int32", "http_status": "UInt16"}.get(column, "UInt32")
+            assert described[column] == expected, column
         for column in table.floats:
             assert described[column] == "Float64"
 
