@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the C4D agent's log file on this machine: the trusted diagnostic channel")
     run.add_argument("--stack-timeout", type=float, default=float(os.environ.get("TRAINWARDEN_STACK_TIMEOUT", 10)),
                      help="seconds one process's stack dump may take (default 10)")
+    add_notify_options(run, drain=True)
 
     history = sub.add_parser("history", help="fault records of one job or all jobs")
     history.add_argument("--job", help="only this job")
@@ -84,9 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
 # Modules that add commands: each has add_commands(subparsers), a COMMANDS set
 # of the top-level names it adds, TAKES_COMMAND (those that accept a command
 # after '--'), and dispatch(args, command) -> exit code.
+from pipeline.cli.notify_cmd import add_notify_options  # noqa: E402 - shared by run and notifier
+
 COMMAND_MODULES = (
     "pipeline.cli.cluster_cmd",
     "pipeline.cli.diagnose_cmd",
+    "pipeline.cli.notify_cmd",
 )
 
 

@@ -32,6 +32,7 @@ from pipeline.events import (
     action_id,
 )
 from pipeline.jobspec import JobDefinition
+from pipeline.notify.bridge import DecisionNotifications, NotifyOptions, report_summary
 from pipeline.rules.model import RulePack
 from pipeline.runtime.c4d_source import FileFollower
 from pipeline.runtime.clock import now as clock_now
@@ -82,6 +83,17 @@ class RetryingHistory:
             self.backlog = []
 
 
+class _CurrentHistory:
+    """The run's history writer as it is at each write (it is wrapped for
+    retries once the job is running)."""
+
+    def __init__(self, run: "EmbeddedRun"):
+        self.run = run
+
+    def write(self, records: list) -> None:
+        self.run.history.write(records)
+
+
 @dataclasses.dataclass
 class RunResult:
     job_id: str
@@ -101,7 +113,7 @@ class EmbeddedRun:
     def __init__(self, job: JobDefinition, pack: RulePack, history: HistoryWriter, reporter: Reporter,
                  node: Optional[str] = None, tick_s: float = TICK_S,
                  stack_tools: tuple[str, ...] = DEFAULT_TOOLS, stack_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 c4d_log: Optional[str] = None):
+                 c4d_log: Optional[str] = None, notify: Optional[NotifyOptions] = None):
         self.job = job
         self.pack = pack
         self.history = history
@@ -118,11 +130,24 @@ class EmbeddedRun:
         self.stack_timeout_s = stack_timeout_s
         self.stack_reports: list = []
         self.c4d_log = c4d_log
+        self.notify_options = notify
+        self.notifications: Optional[DecisionNotifications] = None
 
     def run(self) -> RunResult:
+        if self.notify_options is not None:
+            # Before anything starts: a queue directory held by another notifier is a usage problem.
+            self.notifications = DecisionNotifications(
+                self.notify_options, _CurrentHistory(self), self.reporter.info,
+                context={"framework": self.job.framework, "instances": len(self.job.instances()),
+                         "supervisor_node": self.node})
         # The first write fails loudly (a wrong --store is a usage problem);
         # later ones must not stop a running job.
-        self._write_job("running")
+        try:
+            self._write_job("running")
+        except BaseException:
+            if self.notifications is not None:
+                self.notifications.notifier.close()
+            raise
         self.history = RetryingHistory(self.history, self.reporter)
         control = ControlServer(deliver=self.inbox.put, on_refused=self._refused)
         runner = self._runner = LocalJobRunner(self.job, self.inbox.put, control, self.node,
@@ -149,6 +174,8 @@ class EmbeddedRun:
                 actuator.finish()
                 runner.close()
             finally:
+                if self.notifications is not None:
+                    self.notifications.close()
                 control.close()
                 self.reporter.flush()
                 final = status or "failed"
@@ -228,10 +255,13 @@ class EmbeddedRun:
                 self.reporter.decision(decision)
             except Exception:  # noqa: BLE001 - printing must never stop an action
                 pass
+            report = None
             if decision.error_source in (ErrorSource.HANG, ErrorSource.EXIT_HANG) and decision.kind in (
                     DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB):
-                self._stack_report(decision)
+                report = self._stack_report(decision)
             actuator.execute(decision)
+            if self.notifications is not None:
+                self.notifications.decision(decision, report)
 
     def _c4d_line(self, line: str) -> None:
         """A line of the C4D agent's log (its own thread): a finding goes to the engine."""
@@ -264,15 +294,16 @@ class EmbeddedRun:
             level=event.level, rank=event.rank, detail=event.detail, trusted=trusted, action=action,
             updated_at=clock_now())])
 
-    def _stack_report(self, decision: Decision) -> None:
-        """The stacks of the hung job, taken before the restart ends it."""
+    def _stack_report(self, decision: Decision) -> Optional[dict]:
+        """The stacks of the hung job, taken before the restart ends it; the
+        summary the hang notification carries."""
         if self._runner is None or not self.stack_tools:
-            return
+            return None
         try:
             report = snapshot(self._runner.tokens(), self.stack_tools, self.stack_timeout_s)
         except Exception as exc:  # noqa: BLE001 - a failed diagnosis must not stop the restart
             self.reporter.info(f"stack snapshot failed: {exc!r}")
-            return
+            return None
         self.stack_reports.append(report)
         self.reporter.info(report.text())
         now = clock_now()
@@ -281,6 +312,8 @@ class EmbeddedRun:
             round=decision.round, tool=report.tool, processes=report.processes, groups=len(report.groups),
             suspects=",".join(report.suspects), verdict=report.verdict[:2000], missing="; ".join(report.missing)[:4000],
             report_json=report.to_json()[:1_000_000], updated_at=now)])
+        return report_summary(report.tool, report.processes, len(report.groups), report.suspects, report.verdict,
+                              report.missing)
 
     def _refused(self, reason: str, raw: bytes) -> None:
         self._dead_letter("sdk", reason, raw.decode("utf-8", errors="replace"))

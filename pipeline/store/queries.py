@@ -161,3 +161,12 @@ def jobs(sql: Sql, job_id: str | None = None, limit: int | None = None) -> list[
 def dead_letters(sql: Sql, limit: int = 100) -> list[dict]:
     """The newest ``limit`` dead letters, oldest first."""
     return _decode(LETTERS, sql.select(LETTERS_SQL, {"limit": _limit(limit)}))
+
+
+DELIVERIES = BY_NAME["deliveries"]
+DELIVERIES_SQL = _newest(DELIVERIES, "time, delivery_id", _JOB)
+
+
+def deliveries(sql: Sql, job_id: str | None = None, limit: int | None = None) -> list[dict]:
+    """The newest version of each notification delivery, oldest event first."""
+    return _decode(DELIVERIES, sql.select(DELIVERIES_SQL, {"job_id": job_id, "limit": _limit(limit)}))
