@@ -235,9 +235,8 @@ def sample_event(event_type: str, job_id: str = "sample-job", time: float = 1_76
     validation renders every template with it (with and without details).
     Its id derives from ``source_id`` (default: the job id)."""
     source = source_id or f"sample-{job_id}"
-    if event_type in ("job.resumed", "advice.hang_interval"):
+    if event_type == "job.resumed":
         event = observation_event(event_type, job_id=job_id, time=time, source_id=source, round=1,
-                                  message="hang interval 1800 s; longest silence 312 s: 900 s would do",
                                   job_context=_SAMPLE_CONTEXT)
     else:
         decision = _SAMPLE_DECISIONS[event_type]
@@ -334,7 +333,7 @@ _SAMPLE_DECISIONS = {
     "instance.restarted": _sample(DecisionKind.RESTART_INSTANCE, Reason.RETRYABLE_FAILURE,
                                   ErrorSource.INSTANCE_EXIT),
     "job.failed": _sample(DecisionKind.FAIL_JOB, Reason.RESTART_LIMIT_REACHED, ErrorSource.INSTANCE_EXIT),
-    "job.succeeded": _sample(DecisionKind.COMPLETE_JOB, Reason.ALL_INSTANCES_SUCCEEDED, None, instance="",
+    "job.succeeded": _sample(DecisionKind.COMPLETE_JOB, Reason.ALL_INSTANCES_SUCCEEDED, None, instance="", node="",
                              error_code=0, error_message="", category="", classifier=""),
     "node.isolated": _sample(DecisionKind.ISOLATE_NODE, Reason.C4D_ERROR, ErrorSource.C4D, instance="",
                              error_code=0, error_message="C4D Error RankCommHang on node node-a (rank 3)"),
@@ -349,6 +348,10 @@ _SAMPLE_DECISIONS = {
                            error_message="C4D Warning RankCommSlow on node node-a (rank 3)"),
     "job.requeued": _sample(DecisionKind.REQUEUE, Reason.NODE_LOST, ErrorSource.PREEMPTION, error_code=0,
                             error_message="spot instance reclaimed"),
+    "advice.hang_interval": _sample(DecisionKind.NOTIFY, Reason.ADVICE_HANG_INTERVAL, None, instance="worker-0",
+                                    error_code=0, category="", classifier="", error_signature="",
+                                    error_message="job_hang_interval 1800 s is at or above the collective timeout "
+                                                  "1800 s seen in worker-0's output: use 1500 s"),
     "custom.message": _sample(DecisionKind.NOTIFY, Reason.CUSTOM_MESSAGE, ErrorSource.SDK, error_code=0,
                               error_message="The training loss of the job is NaN.", category="custom_message",
                               classifier=""),

@@ -200,11 +200,21 @@ def test_the_signature_snippet_verifies_a_body_signed_by_the_notifier(doc, monke
 
 
 def _config_keys() -> set[str]:
-    """Every key config.py reads from a subscription file (``x.get("key", ...)``)."""
-    tree = ast.parse(CONFIG_PATH.read_text(encoding="utf-8"))
-    return {node.args[0].value for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)}
+    """Every key config.py reads from a subscription file: ``x.get("key", ...)``,
+    and ``_globs(fields, "key")`` for the glob lists."""
+    keys = set()
+    for node in ast.walk(ast.parse(CONFIG_PATH.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            arg = node.args[0] if node.args else None
+        elif isinstance(node.func, ast.Name) and node.func.id == "_globs":
+            arg = node.args[1] if len(node.args) > 1 else None
+        else:
+            continue
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            keys.add(arg.value)
+    return keys
 
 
 def test_the_subscription_reference_lists_exactly_the_keys_config_reads(doc):
