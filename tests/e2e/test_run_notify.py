@@ -100,3 +100,22 @@ def test_an_invalid_subscriptions_directory_stops_the_run_before_it_starts_namin
     assert result.code == 2
     assert f"{directory / 'bad.yaml'}:3: a subscription needs 'target'" in result.err
     assert "hello" not in result.out
+
+
+def test_a_job_failing_50_times_produces_a_bounded_number_of_messages_that_count_the_suppressed(
+        cli, job_id, receiver, tmp_path):
+    hook = receiver()
+    directory = write_subscriptions(tmp_path, hook.url, '["job.*"]')  # at most one message a minute per type
+    result = run_behave(cli, job_id, "--enable-job-restart=True --max-num-of-job-restart=50 --max-num-of-same-error=100",
+                        "--fail-rank", "0",
+                        "--fail-at-step", "0", "--fail-message", NCCL, nproc=1, timeout=240,
+                        extra=notify_flags(tmp_path, directory), env=ENV)
+    assert result.code == 1, result
+    payloads = [standardwebhooks.Webhook(SECRET).verify(r.body, r.headers) for r in hook.requests]
+    summary = [(p["type"], p["data"]["suppressed_count"]) for p in payloads]
+    # The first restart at once, the window's last one at the end carrying the other 48, the failure.
+    assert sorted(summary) == [("job.failed", 0), ("job.restarted", 0), ("job.restarted", 48)], summary
+    assert max(p["data"]["round"] for p in payloads if p["type"] == "job.restarted") == 49
+    log = json.loads(cli("notify", "log", "--job", job_id, "--json").out)
+    statuses = [r["status"] for r in log]
+    assert statuses.count("delivered") == 3 and statuses.count("suppressed") == 48, statuses
