@@ -7,6 +7,8 @@ import subprocess
 import pytest
 import standardwebhooks
 
+from pipeline.diagnose.collect import find_tool
+
 from tests.cluster.processes import wait_for
 from tests.cluster.test_cluster_kafka import NCCL, _finish, _submit, bootstrap, services  # noqa: F401 - fixtures
 from tests.conftest import TRAINWARDEN
@@ -51,7 +53,10 @@ def test_the_notifier_delivers_a_jobs_events_in_order_once_each_across_a_kill_wi
     assert types == ["job.restarted", "hang.detected", "job.restarted", "job.succeeded"], types
     hang = first[distinct()[1]]["data"]
     report = hang["details"]["stack_report"]
-    assert report["processes"] == 2 and report["missing"] == [], report
+    if find_tool("py-spy") or find_tool("pystack"):
+        assert report["processes"] == 2 and report["missing"] == [], report
+    else:
+        assert report["processes"] == 0 and report["missing"], report
     # Answered 200 once per event id: the two 503s, then one success each (the kill repeats none).
     answered_ok = [r.webhook_id for r in hook.requests[2:]]
     assert sorted(answered_ok) == sorted(distinct()), answered_ok
