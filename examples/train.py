@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,10 @@ RESUMING = os.environ.get("TRAINWARDEN_RESUME") == "1"
 CHECKPOINT_EVERY = max(1, int(os.environ.get("CHECKPOINT_EVERY", "5")))
 
 monitor = jm.Monitor(config=jm.PyTorchConfig())
+# SIGTERM is a stop with notice (a restart, or a spot release announced in
+# advance): finish the step, checkpoint, and leave.
+TERMINATING = []
+signal.signal(signal.SIGTERM, lambda signum, frame: TERMINATING.append(signum))
 
 
 def faults() -> list[dict]:
@@ -68,7 +73,10 @@ def inject(step: int, loss: float) -> float:
             sys.exit(int(spec.get("code", 1)))
         if spec["kind"] == "hang":
             print(f"step {step}: entering all_reduce", flush=True)
-            time.sleep(3600)
+            # Stuck until stopped; a SIGTERM aborts it (as NCCL's abort would).
+            while not TERMINATING:
+                time.sleep(0.05)
+            sys.exit(143)
         if spec["kind"] == "nan":
             loss = float("nan")
     return loss
@@ -165,8 +173,11 @@ def train_steps(trainer: Trainer, start: int) -> None:
             print(f"step {step}: loss is NaN; told the engine: {st.to_string()}", flush=True)
         else:
             print(f"step {step}: loss {loss:.4f}", flush=True)
-        if step % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1:
+        if step % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1 or TERMINATING:
             save_checkpoint(step + 1, [trainer.w, trainer.b])
+        if TERMINATING:
+            print(f"step {step}: SIGTERM, checkpoint saved at step {step + 1}; leaving", flush=True)
+            sys.exit(143)
         if step % 5 == 4:
             evaluate(trainer)
         time.sleep(STEP_S)
