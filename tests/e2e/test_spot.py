@@ -140,3 +140,8 @@ def test_a_price_limit_in_a_discount_only_pool_is_refused_before_anything_starts
     (tmp_path / "job.yaml").write_text(open(job).read().replace("SpotDiscountLimit: 0.5", "SpotPriceLimit: 0.6"))
     result = cli("run", job, "--market", str(market))
     assert result.code == 2 and "job.yaml:12:" in result.err and "accepts only 'SpotDiscountLimit'" in result.err
+
+
+def test_submitting_a_spot_job_to_the_cluster_is_refused_rather_than_run_on_ordinary_capacity(cli, job_id, tmp_path):
+    result = cli("submit", write_job(tmp_path, job_id), "--bootstrap", "127.0.0.1:1")
+    assert result.code == 2 and "spot jobs run in the embedded mode only" in result.err
