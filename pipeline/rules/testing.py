@@ -39,6 +39,7 @@ from pipeline.engine.virtual import VirtualCluster, instance_specs
 from pipeline.events import DecisionKind, Offer, SdkOp, SpotBid
 from pipeline.rules.loader import load_rules
 from pipeline.rules.model import RulePack
+from pipeline.spot.spec import valid_discount
 from pipeline.yamlsrc import ConfigError, Fields, load_yaml_file
 
 EXPECT_KEYS = ("action", "reason", "rule", "instance", "error_source", "category", "error_code")
@@ -156,6 +157,8 @@ def _parse_spot(fields: Fields) -> Optional[dict]:
            "compare_average": spot.get("compare_average", bool, False)}
     if (bid["discount"] is None) == (bid["price_limit"] is None):
         raise spot.error(None, "a spot bid needs exactly one of: discount, price_limit")
+    if bid["discount"] is not None and not valid_discount(float(bid["discount"])):
+        raise spot.error("discount", f"'discount' must be 0.1 to 0.9 in steps of 0.1, not {bid['discount']}")
     return bid
 
 
