@@ -169,6 +169,8 @@ def _on_activity(state: JobState, event: InstanceActivity, now: float) -> list[D
 
 
 def _on_node_lost(state: JobState, event: NodeLost, now: float) -> list[Decision]:
+    if spot.queued(state):
+        return []  # a job in the bidding queue holds no node
     decisions = []
     for name in event.instances:
         inst = state.instances.get(name)
@@ -186,6 +188,8 @@ def _on_node_lost(state: JobState, event: NodeLost, now: float) -> list[Decision
 
 
 def _on_diagnosis(state: JobState, event: Diagnosis, now: float) -> list[Decision]:
+    if spot.queued(state):
+        return []
     settings = state.settings
     if event.level in C4D_LEVELS and C4D_LEVELS.index(event.level) < C4D_LEVELS.index(settings.c4d_log_level.value):
         return []  # below --c4d-log-level: not shown, not acted on

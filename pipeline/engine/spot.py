@@ -46,6 +46,11 @@ def new_spot_state(state: JobState, event: JobSubmitted, now: float) -> SpotStat
                      fault_tolerant=state.settings.fault_tolerant_policy is not FaultTolerantPolicy.NEVER)
 
 
+def queued(state: JobState) -> bool:
+    """A spot job waiting in the bidding queue: it runs nothing anywhere."""
+    return state.spot is not None and state.spot.phase is SpotPhase.QUEUED
+
+
 def queue_decision(state: JobState, now: float, detected_at: float) -> Decision:
     roles = ", ".join(f"{b.role}: {b.count} x {b.instance_type}" for b in state.spot.bids)
     return make_decision(state, DecisionKind.QUEUE_JOB, Reason.SPOT_QUEUED, "spot_queue", now,

@@ -9,11 +9,13 @@ from pipeline.engine.state import InstanceStatus, SpotPhase
 from pipeline.engine.virtual import instance_specs
 from pipeline.events import (
     DecisionKind,
+    Diagnosis,
     ErrorSource,
     InstanceExited,
     InstanceStarted,
     JobSubmitted,
     MarketUpdate,
+    NodeLost,
     Offer,
     Reason,
     SpotBid,
@@ -210,3 +212,13 @@ def test_the_same_market_replayed_gives_the_same_action_ids():
 
     first = ids()
     assert first == ids() and len(set(first)) == len(first)
+
+
+def test_a_lost_node_or_a_c4d_finding_does_not_restart_a_job_waiting_in_the_queue():
+    job = SpotJob(args=FT_ON + " --enable-c4d-hang-detection=True")
+    job.at(0).market(offer(0.3))
+    job.at(10).market(offer(0.9))
+    assert job.feed(NodeLost(job_id=job.job_id, time=job.now, node="n1", instances=("worker-0",))) == []
+    assert job.feed(Diagnosis(job_id=job.job_id, time=job.now, node="n1", source="c4d", kind="RankCommHang",
+                              level="Error", rank=0)) == []
+    assert job.state.job_restarts == 0 and not job.state.finished
