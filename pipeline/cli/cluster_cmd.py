@@ -210,6 +210,10 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
         return fail("give either a job file or a command after '--', not both")
     job = (load_job_file(args.job_file, job_id=args.job_id) if args.job_file
            else from_command(command, args.nproc, args.args or "", args.job_id, args.framework))
+    if job.spot:
+        # The cluster has no market service yet: a spot job must not silently run on ordinary capacity.
+        return fail("spot jobs run in the embedded mode only for now",
+                    hint="run it with: trainwarden run JOB.yaml --market TRACE")
     bus = open_bus(args.bootstrap)
     follower = Follower(bus, job.job_id) if args.follow else None
     if follower is not None and not follower.ready():

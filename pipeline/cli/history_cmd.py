@@ -21,6 +21,10 @@ def cmd_history(args: argparse.Namespace) -> int:
             return _stages(reader.restart_stages(job_id=args.job), args)
         if args.aggregate:
             return _aggregate(reader.aggregate(job_id=args.job), args)
+        if getattr(args, "costs", False):
+            return _costs(reader.job_costs(job_id=args.job), args)
+        if getattr(args, "spot", False):
+            return _spot(reader.spot_transitions(job_id=args.job), args)
         return _faults(reader.faults(job_id=args.job, limit=args.limit), args)
 
 
@@ -73,4 +77,26 @@ def _stages(rows: list[dict], args: argparse.Namespace) -> int:
          span(r["detected_at"], r["decided_at"]), span(r["decided_at"], r["stopped_at"]),
          span(r["stopped_at"], r["restarted_at"]), span(r["restarted_at"], r["running_at"]),
          span(r["detected_at"], r["running_at"] or r["restarted_at"])] for r in rows))
+    return 0
+
+
+def _costs(rows: list[dict], args: argparse.Namespace) -> int:
+    if args.json:
+        print_json(rows)
+        return 0
+    table("Spot job costs (market price x time held, per instance-hour prices)",
+          ["job", "state", "preemptions", "resumes", "queued_s", "held_s", "paid", "on-demand", "saving"], (
+              [r["job_id"], r["state"], r["preemptions"], r["resumes"], f"{r['queued_s']:.1f}", f"{r['held_s']:.1f}",
+               f"{r['paid']:.4f}", f"{r['on_demand']:.4f}",
+               f"{1 - r['paid'] / r['on_demand']:.0%}" if r["on_demand"] > 0 else "-"] for r in rows))
+    return 0
+
+
+def _spot(rows: list[dict], args: argparse.Namespace) -> int:
+    if args.json:
+        print_json(rows)
+        return 0
+    table("Spot lifecycle", ["time", "job", "round", "state", "reason", "paid", "on-demand", "message"], (
+        [iso(r["time"]), r["job_id"], r["round"], r["state"], r["reason"], f"{r['paid']:.4f}",
+         f"{r['on_demand']:.4f}", r["message"]] for r in rows), wide=("message",))
     return 0

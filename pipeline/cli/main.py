@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stack-timeout", type=float, default=float(os.environ.get("TRAINWARDEN_STACK_TIMEOUT", 10)),
                      help="seconds one process's stack dump may take (default 10)")
     add_notify_options(run, drain=True)
+    run.add_argument("--market", default=os.environ.get("TRAINWARDEN_MARKET"),
+                     help="the spot market for a job with spot roles: a trace file or a registered provider URL")
 
     history = sub.add_parser("history", help="fault records of one job or all jobs")
     history.add_argument("--job", help="only this job")
@@ -54,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--jobs", action="store_true", help="list jobs instead of fault records")
     history.add_argument("--stages", action="store_true", help="restart stage timings instead of fault records")
     history.add_argument("--wide", action="store_true", help="also show reason, rule and category")
+    history.add_argument("--costs", action="store_true",
+                         help="spot jobs: what each paid against on-demand, preemptions, time queued")
+    history.add_argument("--spot", action="store_true",
+                         help="spot jobs: every lifecycle step (queued, running, requeued, ...) with its cost so far")
     history.add_argument("--limit", type=_positive, default=None, help="at most this many rows (newest)")
     history.add_argument("--json", action="store_true", help="JSON for machines")
     _store_option(history)
@@ -91,6 +97,7 @@ COMMAND_MODULES = (
     "pipeline.cli.cluster_cmd",
     "pipeline.cli.diagnose_cmd",
     "pipeline.cli.notify_cmd",
+    "pipeline.cli.spot_cmd",
 )
 
 

@@ -17,7 +17,6 @@ from pipeline.notify.events import (
     NotificationEvent,
     Severity,
     events_from_decision,
-    observation_event,
     sample_event,
 )
 from pipeline.notify.model import Subscription, SubscriptionSet
@@ -36,5 +35,5 @@ __all__ = [
     "EVENT_TYPES", "SCHEMA_VERSION", "DeliveryRecord", "DeliveryStatus", "DeliveryWriter", "JsonlDeliveryLog",
     "MemoryDeliveryLog", "NotificationEvent", "Notifier", "NotifierSettings", "QueueError", "Severity",
     "Subscription", "SubscriptionSet", "default_directory", "delivery_id", "events_from_decision", "load_subscriptions",
-    "missing_env", "observation_event", "read_delivery_log", "sample_event", "shipped_notifications_dir",
+    "missing_env", "read_delivery_log", "sample_event", "shipped_notifications_dir",
 ]

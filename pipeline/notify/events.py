@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import msgspec
 
-from pipeline.events import Decision, DecisionKind, ErrorSource, Reason
+from pipeline.events import Decision, DecisionKind, ErrorSource, Reason, SpotCost
 
 SCHEMA_VERSION = 1
 # Bounds that keep one event (and so one queue entry and one message) small
@@ -69,6 +69,7 @@ _ACTION_TYPES = {
     DecisionKind.COMPLETE_JOB: "job.succeeded",
     DecisionKind.ISOLATE_NODE: "node.isolated",
     DecisionKind.REQUEUE: "job.requeued",
+    DecisionKind.RESUME_JOB: "job.resumed",
 }
 # The reserved keys of ``job_context``; every other scalar goes to ``data.job``.
 _RESERVED_CONTEXT = ("details", "stack_report")
@@ -181,6 +182,10 @@ def events_from_decision(decision: Decision, job_context: Optional[dict] = None)
         details = dict(context["details"]) if isinstance(context.get("details"), dict) else {}
         if event_type in ("hang.detected", "exit_hang.detected") and isinstance(context.get("stack_report"), dict):
             details["stack_report"] = context["stack_report"]
+        if decision.cost is not None:  # spot jobs: what they paid so far, against on-demand
+            details["cost"] = msgspec.structs.asdict(decision.cost)
+            if decision.notice_s:
+                details["notice_s"] = decision.notice_s
         events.append(NotificationEvent(
             id=event_id(decision.action_id, event_type),
             type=event_type,
@@ -207,42 +212,16 @@ def events_from_decision(decision: Decision, job_context: Optional[dict] = None)
     return events
 
 
-def observation_event(event_type: str, *, job_id: str, time: float, source_id: str, message: str = "",
-                      round: int = 0, instance: str = "", node: str = "", reason: str = "",
-                      job_context: Optional[dict] = None) -> NotificationEvent:
-    """An event that no decision carries: ``job.resumed`` (a restarted job runs
-    again; ``source_id`` = the restart's action id) and ``advice.hang_interval``
-    (``source_id`` = the diagnosis id)."""
-    if event_type not in EVENT_TYPES:
-        raise ValueError(f"unknown event type {event_type!r}")
-    context = job_context or {}
-    details = dict(context["details"]) if isinstance(context.get("details"), dict) else {}
-    text = message[:MAX_TEXT]
-    summary = {
-        "job.resumed": f"{job_id}: running again in round {round}",
-        "advice.hang_interval": f"{job_id}: hang interval advice" + (f": {_line(text)}" if text else ""),
-    }.get(event_type, f"{job_id}: {event_type}" + (f": {_line(text)}" if text else ""))
-    return NotificationEvent(
-        id=event_id(source_id, event_type), type=event_type, time=time, job_id=job_id,
-        severity=EVENT_TYPES[event_type].value, summary=summary, round=round, instance=instance, node=node,
-        action_id=source_id, reason=reason, message=text, detected_at=time, job=_job_fields(context),
-        details=_bounded(details))
-
-
 def sample_event(event_type: str, job_id: str = "sample-job", time: float = 1_764_400_000.0,
                  with_details: bool = True, source_id: str = "") -> NotificationEvent:
     """A fully populated event of this type: ``notify test`` sends it, and
     validation renders every template with it (with and without details).
     Its id derives from ``source_id`` (default: the job id)."""
     source = source_id or f"sample-{job_id}"
-    if event_type == "job.resumed":
-        event = observation_event(event_type, job_id=job_id, time=time, source_id=source, round=1,
-                                  job_context=_SAMPLE_CONTEXT)
-    else:
-        decision = _SAMPLE_DECISIONS[event_type]
-        decision = msgspec.structs.replace(decision, job_id=job_id, time=time, detected_at=time - 0.5,
-                                           action_id=f"{source}-{decision.kind.value}")
-        event = next(e for e in events_from_decision(decision, _SAMPLE_CONTEXT) if e.type == event_type)
+    decision = _SAMPLE_DECISIONS[event_type]
+    decision = msgspec.structs.replace(decision, job_id=job_id, time=time, detected_at=time - 0.5,
+                                       action_id=f"{source}-{decision.kind.value}")
+    event = next(e for e in events_from_decision(decision, _SAMPLE_CONTEXT) if e.type == event_type)
     if not with_details:
         event = msgspec.structs.replace(event, details=None)
     elif event.details is None:
@@ -276,17 +255,25 @@ def _summary(event_type: str, d: Decision) -> str:
         "job.restarted": f"{job}: job restarted after {cause} (round {d.round} → {d.round + 1}){why}",
         "instance.restarted": f"{job}: {d.instance} restarted after {cause}{why}",
         "job.failed": f"{job}: job failed ({d.reason.value}) after {cause}{why}",
-        "job.succeeded": f"{job}: job succeeded (round {d.round})",
+        "job.succeeded": f"{job}: job succeeded (round {d.round})" + _paid(d),
         "node.isolated": f"{job}: node {d.node} isolated ({d.reason.value}){why}",
         "node.lost": f"{job}: node {d.node} lost" + (f" with {d.instance}" if d.instance else ""),
         "hang.detected": f"{job}: hang detected in round {d.round}{why}",
         "exit_hang.detected": f"{job}: exit hang detected in round {d.round}{why}",
         "c4d.warning": f"{job}: C4D warning{why}",
         "job.requeued": f"{job}: job requeued after {cause}{why}",
+        "job.resumed": f"{job}: job resumed in round {d.round}" + _paid(d),
         "custom.message": f"{job}: message from {d.instance or 'the job'}{why}",
         "advice.hang_interval": f"{job}: hang interval advice{why}",
     }
     return texts[event_type][:MAX_TEXT]
+
+
+def _paid(d: Decision) -> str:
+    if d.cost is None or not d.cost.on_demand:
+        return ""
+    saved = 1 - d.cost.paid / d.cost.on_demand
+    return f"; paid {d.cost.paid:.2f} vs {d.cost.on_demand:.2f} on demand ({saved:.0%} saved)"
 
 
 def _job_fields(context: dict) -> dict:
@@ -346,8 +333,14 @@ _SAMPLE_DECISIONS = {
                                   category="exit_hang", classifier=""),
     "c4d.warning": _sample(DecisionKind.NOTIFY, Reason.C4D_WARNING, ErrorSource.C4D, instance="", error_code=0,
                            error_message="C4D Warning RankCommSlow on node node-a (rank 3)"),
-    "job.requeued": _sample(DecisionKind.REQUEUE, Reason.NODE_LOST, ErrorSource.PREEMPTION, error_code=0,
-                            error_message="spot instance reclaimed"),
+    "job.requeued": _sample(DecisionKind.REQUEUE, Reason.PREEMPTED, ErrorSource.PREEMPTION, instance="", node="",
+                            error_code=0, error_message="spot price 0.52 rose above the bid 0.45 (p4d.24xlarge)",
+                            category="preemption", classifier="", error_signature="preemption",
+                            cost=SpotCost(paid=12.6, on_demand=42.0, held_s=3600.0, queued_s=120.0, preemptions=1)),
+    "job.resumed": _sample(DecisionKind.RESUME_JOB, Reason.BID_ACCEPTED, None, instance="", node="", round=2,
+                           error_code=0, error_message="", category="", classifier="", error_signature="",
+                           cost=SpotCost(paid=12.6, on_demand=42.0, held_s=3600.0, queued_s=480.0, preemptions=1,
+                                         resumes=1)),
     "advice.hang_interval": _sample(DecisionKind.NOTIFY, Reason.ADVICE_HANG_INTERVAL, None, instance="worker-0",
                                     error_code=0, category="", classifier="", error_signature="",
                                     error_message="job_hang_interval 1800 s is at or above the collective timeout "

@@ -28,6 +28,7 @@ from pipeline.events import (
     JobSubmitted,
     LogLine,
     Reason,
+    SpotBid,
     Tick,
     action_id,
 )
@@ -39,6 +40,8 @@ from pipeline.runtime.clock import now as clock_now
 from pipeline.runtime.control import ControlServer, PendingReply
 from pipeline.runtime.inbox import Inbox
 from pipeline.runtime.launcher import LocalJobRunner
+from pipeline.spot.market import MarketProvider
+from pipeline.spot.poller import MarketPoller
 from pipeline.store.records import DeadLetter, DiagnosisRecord, JobRecord, StackReportRecord
 
 TICK_S = 0.2  # bounds detection latency of the timers to well under a second
@@ -113,7 +116,8 @@ class EmbeddedRun:
     def __init__(self, job: JobDefinition, pack: RulePack, history: HistoryWriter, reporter: Reporter,
                  node: Optional[str] = None, tick_s: float = TICK_S,
                  stack_tools: tuple[str, ...] = DEFAULT_TOOLS, stack_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 c4d_log: Optional[str] = None, notify: Optional[NotifyOptions] = None):
+                 c4d_log: Optional[str] = None, notify: Optional[NotifyOptions] = None,
+                 market: Optional[MarketProvider] = None, spot: tuple[SpotBid, ...] = ()):
         self.job = job
         self.pack = pack
         self.history = history
@@ -132,6 +136,10 @@ class EmbeddedRun:
         self.c4d_log = c4d_log
         self.notify_options = notify
         self.notifications: Optional[DecisionNotifications] = None
+        # Spot jobs: the bids (checked against the market) and the market, polled here at the edge.
+        self.spot = spot
+        self.market = MarketPoller(market, job.job_id, self.submitted_at, on_error=reporter.info) \
+            if market is not None and spot else None
 
     def run(self) -> RunResult:
         if self.notify_options is not None:
@@ -158,9 +166,10 @@ class EmbeddedRun:
         status = None
         try:
             submitted = JobSubmitted(job_id=self.job.job_id, time=self.submitted_at, framework=self.job.framework,
-                                     args=self.job.args, instances=self.job.instances())
+                                     args=self.job.args, instances=self.job.instances(), spot=self.spot)
             self.state, first = start_job(submitted, self.pack, self.submitted_at)
-            self._handle(first, actuator)  # START_JOB starts the instances
+            self._handle(first, actuator)  # START_JOB starts the instances (a spot job queues)
+            self._poll_market(actuator, clock_now())
             self._loop(actuator)
             status = self.state.status.value
         except KeyboardInterrupt:
@@ -184,7 +193,7 @@ class EmbeddedRun:
                     self.reporter.info(f"{len(self.history.backlog)} history records could not be written")
         counters = dataclasses.asdict(runner.runtime.counters)
         return RunResult(self.job.job_id, final, self.state.final_reason if self.state else "",
-                         self.state.round if self.state else 0, self.decisions, self.dead_letters, counters)
+                         self.state.job_restarts if self.state else 0, self.decisions, self.dead_letters, counters)
 
     def _escalate_further_signals(self, runner: LocalJobRunner) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -211,8 +220,16 @@ class EmbeddedRun:
                 oldest = self.inbox.oldest_time()
                 watermark = moment if oldest is None else min(moment, oldest)
                 self._process(Tick(job_id=self.job.job_id, time=watermark), actuator, now=watermark)
+                self._poll_market(actuator, moment)
                 self.reporter.flush()
                 next_tick = moment + self.tick_s
+
+    def _poll_market(self, actuator: Actuator, moment: float) -> None:
+        if self.market is None or self.state.finished:
+            return
+        update = self.market.poll(moment)
+        if update is not None:
+            self._process(update, actuator, now=moment)
 
     def _process(self, item: Event | PendingReply, actuator: Actuator, now: Optional[float] = None) -> None:
         reply = item if isinstance(item, PendingReply) else None
@@ -330,5 +347,5 @@ class EmbeddedRun:
             job_id=self.job.job_id, submitted_at=self.submitted_at, finished_at=finished, status=status,
             reason=self.state.final_reason if self.state else "", framework=self.job.framework,
             args=self.job.args, instances=len(self.job.instances()),
-            rounds=self.state.round if self.state else 0, node_name=self.node, updated_at=now,
+            rounds=self.state.job_restarts if self.state else 0, node_name=self.node, updated_at=now,
         )])

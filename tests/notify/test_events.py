@@ -14,10 +14,10 @@ from pipeline.notify.events import (
     SCHEMA_VERSION,
     event_id,
     events_from_decision,
-    observation_event,
     sample_event,
 )
 from tests.builders import Job
+from tests.engine.test_spot import SpotJob, offer
 
 
 def decision(kind, reason, source=None, **fields) -> Decision:
@@ -104,14 +104,23 @@ def test_every_type_has_a_severity_a_sample_and_a_summary():
         assert event.details is not None and sample_event(event_type, with_details=False).details is None
 
 
-def test_events_without_a_decision_are_made_from_observations():
-    resumed = observation_event("job.resumed", job_id="j1", time=10.0, source_id="restart-1", round=3)
-    assert resumed.id == event_id("restart-1", "job.resumed") and resumed.summary == "j1: running again in round 3"
-    advice = observation_event("advice.hang_interval", job_id="j1", time=10.0, source_id="diag-7",
-                               message="longest silence 312 s: 900 s would do")
-    assert advice.severity == "info" and "900 s would do" in advice.summary
-    with pytest.raises(ValueError):
-        observation_event("job.started", job_id="j1", time=0, source_id="x")
+def test_a_spot_job_preempted_and_resumed_becomes_requeued_resumed_succeeded_with_its_cost():
+    job = SpotJob()
+    job.at(0).market(offer(0.5))  # the bid is 0.6: it starts
+    job.at(600).market(offer(0.9))  # preempted
+    for name in ("worker-0", "worker-1"):
+        job.exit(name, -9, round_=0, start=0)
+    job.at(900).market(offer(0.4))  # resumed
+    job.at(1500)
+    for name in ("worker-0", "worker-1"):
+        job.exit(name, 0)
+    events = [e for d in job.decisions for e in events_from_decision(d)]
+    assert [e.type for e in events] == ["job.requeued", "job.resumed", "job.succeeded"]
+    requeued, resumed, succeeded = events
+    assert requeued.error_source == "preemption" and requeued.reason == "preempted"
+    assert requeued.details["cost"]["preemptions"] == 1 and resumed.details["cost"]["resumes"] == 1
+    assert succeeded.details["cost"]["paid"] < succeeded.details["cost"]["on_demand"]
+    assert "saved" in succeeded.summary and resumed.summary.startswith("spot-1: job resumed in round 1")
 
 
 def test_a_crash_and_a_nan_message_in_a_real_engine_run_become_restarted_custom_message_succeeded():
