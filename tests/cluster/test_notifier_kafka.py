@@ -64,4 +64,5 @@ def test_the_notifier_delivers_a_jobs_events_in_order_once_each_across_a_kill_wi
                          env=services.env, capture_output=True, text=True, timeout=60)
     rows = json.loads(log.stdout)
     assert [r["status"] for r in rows] == ["delivered"] * 4, rows
-    assert rows[0]["attempts"] == 3, rows[0]
+    # The attempt count survives the kill: 3, or 2 when the kill came before the second attempt was written down.
+    assert rows[0]["attempts"] in (2, 3), rows[0]
