@@ -21,6 +21,7 @@ from pipeline.store.records import (
     DiagnosisRecord,
     FaultRecord,
     JobRecord,
+    NodeEventRecord,
     RestartStages,
     StackReportRecord,
     to_row,
@@ -67,6 +68,7 @@ TABLES = (
     Table("stack_reports", StackReportRecord, ("time", "updated_at")),
     Table("diagnoses", DiagnosisRecord, ("time", "updated_at")),
     Table("deliveries", DeliveryRecord, ("time", "updated_at")),
+    Table("node_events", NodeEventRecord, ("time", "updated_at")),
 )
 BY_NAME = {t.name: t for t in TABLES}
 _BY_TYPE = {t.struct: t for t in TABLES}
