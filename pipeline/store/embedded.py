@@ -90,6 +90,7 @@ class EmbeddedStore:
         self.directory = Path(os.path.realpath(directory))
         self.lock_timeout_s = lock_timeout_s
         self.last_ingest = IngestReport()
+        self.migrated: list[int] = []  # versions this instance applied
         self._owner: int | None = None
         self._depth = 0
         self._lock_fd: int | None = None
@@ -205,7 +206,7 @@ class EmbeddedStore:
             self._sql = _ChdbSql(self._session, self.directory)
             migrate.create_database(self._sql, EMBEDDED_DATABASE)
             self._sql.execute(f"USE {queries.quote_identifier(EMBEDDED_DATABASE)}")
-            migrate.apply(self._sql)
+            self.migrated.extend(migrate.apply(self._sql))
             self.last_ingest = ingest(self._sql, self.directory / "spool")
         except BaseException:
             self._disconnect()

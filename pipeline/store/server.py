@@ -86,6 +86,7 @@ class ServerStore:
         self._own_client = client is None  # a borrowed client cannot be made again once closed
         self._sql: _ConnectSql | None = None
         self._ready = threading.Lock()
+        self.migrated: list[int] = []  # versions this instance applied
 
     def __enter__(self) -> "ServerStore":
         self._connection()
@@ -147,7 +148,7 @@ class ServerStore:
         # a missing one: create it first, then make it the client's database.
         migrate.create_database(sql, self.database)
         self._client.database = self.database
-        migrate.apply(sql)
+        self.migrated.extend(migrate.apply(sql))
         return sql
 
     def _new_client(self) -> Any:
