@@ -80,3 +80,20 @@ def test_store_migrate_brings_a_new_store_to_the_latest_version_then_has_nothing
 def test_store_migrate_on_an_unreachable_server_is_one_sentence(cli, store):
     result = cli("store", "migrate", "--store", "http://default@127.0.0.1:9/trainwarden")
     assert result.code == 1 and "Traceback" not in result.err and "127.0.0.1:9" in result.err
+
+
+def test_store_optimize_collapses_record_versions_and_keeps_every_record(cli, store):
+    from pipeline.store.embedded import EmbeddedStore
+    from tests.store.store_factories import replace
+
+    first = fault("r1", job_id="j1")
+    SpoolWriter(store).write([first])
+    EmbeddedStore(store).ingest()
+    SpoolWriter(store).write([replace(first, result="done", updated_at=first.updated_at + 5), fault("r2")])
+    EmbeddedStore(store).ingest()  # two inserts: two parts, the record's two versions in different ones
+    assert EmbeddedStore(store).select("SELECT count() AS n FROM fault_records")[0]["n"] == 3  # versions
+    result = cli("store", "optimize", "--json")
+    assert result.code == 0, result
+    assert "fault_records" in json.loads(result.out)["tables"]
+    rows = EmbeddedStore(store).select("SELECT record_id, result FROM fault_records ORDER BY record_id")
+    assert rows == [{"record_id": "r1", "result": "done"}, {"record_id": "r2", "result": "pending"}]

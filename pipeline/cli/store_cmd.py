@@ -1,4 +1,5 @@
-"""``trainwarden store migrate``: bring a history store's schema to this version.
+"""``trainwarden store migrate``: bring a history store's schema to this version;
+``trainwarden store optimize``: merge its parts now.
 
 Every reader and writer of a store migrates it on first use anyway; this
 command does it on purpose (before a deployment, or for a ClickHouse server
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 from pipeline.cli.output import out_console, print_json
 from pipeline.store import default_store_dir, migrate, open_reader
@@ -28,10 +30,16 @@ def add_commands(sub) -> None:
     run.add_argument("--store", help="history store directory or ClickHouse URL (default: $TRAINWARDEN_STORE or "
                                      "the per-user state directory)")
     run.add_argument("--json", action="store_true")
+    merge = actions.add_parser("optimize", help="merge the tables' parts now (OPTIMIZE ... FINAL), so that "
+                                                "queries have no versions left to collapse")
+    merge.add_argument("--store", help=run._option_string_actions["--store"].help)
+    merge.add_argument("--json", action="store_true")
 
 
 def dispatch(args: argparse.Namespace, command: list[str]) -> int:
     target = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+    if args.store_action == "optimize":
+        return _optimize(target, args)
     with open_reader(target) as reader:
         version = reader.current_version()
         applied = list(getattr(reader, "migrated", []))
@@ -45,4 +53,16 @@ def dispatch(args: argparse.Namespace, command: list[str]) -> int:
             out_console.print(f"applied {names.get(number, number)}", highlight=False)
     out_console.print(f"{target}: schema version {version} (this trainwarden's latest: {latest})"
                       + ("" if applied else "; nothing to apply"), highlight=False)
+    return 0
+
+
+def _optimize(target: str, args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    with open_reader(target) as reader:
+        tables = reader.optimize()
+    elapsed = time.monotonic() - started
+    if args.json:
+        print_json({"store": target, "tables": tables, "seconds": round(elapsed, 3)})
+    else:
+        out_console.print(f"{target}: merged {len(tables)} tables in {elapsed:.1f} s", highlight=False)
     return 0

@@ -144,6 +144,10 @@ class EmbeddedStore:
             self.last_ingest = ingest(sql, self.directory / "spool")
             return self.last_ingest
 
+    def optimize(self) -> list[str]:
+        with self._using() as sql:
+            return queries.optimize(sql)
+
     def current_version(self) -> int:
         with self._using() as sql:
             return migrate.current_version(sql)

@@ -146,3 +146,15 @@ def jobs(sql: Sql, job_id: str | None = None, limit: int | None = None) -> list[
 def dead_letters(sql: Sql, limit: int = 100) -> list[dict]:
     """The newest ``limit`` dead letters, oldest first."""
     return _decode(LETTERS, sql.select(LETTERS_SQL, {"limit": _limit(limit)}))
+
+
+def optimize(sql: Sql) -> list[str]:
+    """Merge every table's parts and collapse record versions now (OPTIMIZE ...
+    FINAL), so that reads with FINAL find one part per partition and have no
+    merging left to do. The embedded store opens chDB only briefly, so its
+    background merges rarely finish on their own; run this after large
+    catch-ups (`trainwarden store optimize`). Returns the tables merged."""
+    names = [t.name for t in BY_NAME.values()]
+    for name in names:
+        sql.execute(f"OPTIMIZE TABLE {quote_identifier(name)} FINAL")
+    return names

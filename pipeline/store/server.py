@@ -125,6 +125,9 @@ class ServerStore:
             raise StoreError(f"Nothing was written to the history: {exc}.",
                              hint="this is a bug in the code that built the record") from None
 
+    def optimize(self) -> list[str]:
+        return queries.optimize(self._connection())
+
     def current_version(self) -> int:
         return migrate.current_version(self._connection())
 
