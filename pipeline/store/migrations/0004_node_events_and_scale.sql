@@ -33,6 +33,16 @@ SETTINGS fsync_after_insert = 1, fsync_part_directory = 1;
 -- granules carry narrow time ranges), a bloom filter on node_name (thousands
 -- of nodes, one node's faults are rare), a set on error_source (a handful of
 -- values). New parts get them on insert, existing parts when they merge.
+-- The aggregated fault details group by (source, code, signature, node,
+-- instance): dictionary-encoded keys make that grouping and the reading of
+-- these columns several times cheaper. Nodes and instance names number in
+-- the thousands, normalised signatures in the hundreds to thousands: well
+-- inside what LowCardinality is for. (A type change is a mutation; existing
+-- parts are converted in the background and read correctly meanwhile.)
+ALTER TABLE fault_records MODIFY COLUMN node_name LowCardinality(String);
+ALTER TABLE fault_records MODIFY COLUMN instance_name LowCardinality(String);
+ALTER TABLE fault_records MODIFY COLUMN error_signature LowCardinality(String);
+
 ALTER TABLE fault_records ADD INDEX IF NOT EXISTS idx_time time TYPE minmax GRANULARITY 1;
 ALTER TABLE fault_records ADD INDEX IF NOT EXISTS idx_node node_name TYPE bloom_filter(0.01) GRANULARITY 4;
 ALTER TABLE fault_records ADD INDEX IF NOT EXISTS idx_source error_source TYPE set(16) GRANULARITY 4;
