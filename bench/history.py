@@ -189,7 +189,8 @@ def main() -> int:
     parser.add_argument("--keep", help="keep the store in this directory (default: a temporary one, removed)")
     args = parser.parse_args()
     directory = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="trainwarden-bench-history-"))
-    print(f"chDB store in {directory}; {os.cpu_count()} CPUs")
+    # Other work on the machine shows in the numbers: say how busy it was.
+    print(f"chDB store in {directory}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
     try:
         store = EmbeddedStore(directory / "store")
         print(f"seeded {args.records:,} fault records in {seed(store, args.records):.1f} s")
@@ -201,6 +202,7 @@ def main() -> int:
         bench_queries(store, args.repeat)
         print()
         bench_writes(directory, args.writes)
+        print(f"load average at the end {os.getloadavg()[0]:.2f}")
     finally:
         if not args.keep:
             shutil.rmtree(directory, ignore_errors=True)
