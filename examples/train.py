@@ -6,8 +6,9 @@ rank's shard, without exchanging gradients (so the example runs anywhere).
 
 It uses the SDK the way real jobs do: retryable keywords, a custom message
 on NaN, and staged hang detection (a long interval for start-up, a short one
-per step, none during evaluation). It checkpoints every few steps and resumes
-from the latest checkpoint after a restart.
+per step, none during evaluation). It checkpoints every CHECKPOINT_EVERY steps
+(default 5) and resumes from the latest checkpoint after a restart or, for a
+spot job, after a preemption (TRAINWARDEN_RESUME=1, TRAINWARDEN_CHECKPOINT_DIR).
 
 Fault injection, from the FAULTS environment variable, e.g.
     FAULTS="crash:rank=1:step=6:round=0,hang:step=14:round=1,nan:step=3:round=0"
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -33,9 +35,16 @@ ROUND = int(os.environ.get("TRAINWARDEN_RESTART_ROUND", "0"))
 JOB = os.environ.get("TRAINWARDEN_JOB_ID", "manual")
 STEPS = int(os.environ.get("STEPS", "20"))
 STEP_S = float(os.environ.get("STEP_S", "0.2"))
-CKPT = Path(os.environ.get("CHECKPOINT_DIR", f"/tmp/trainwarden-example/{JOB}"))
+CKPT = Path(os.environ.get("TRAINWARDEN_CHECKPOINT_DIR") or os.environ.get("CHECKPOINT_DIR")
+            or f"/tmp/trainwarden-example/{JOB}")
+RESUMING = os.environ.get("TRAINWARDEN_RESUME") == "1"
+CHECKPOINT_EVERY = max(1, int(os.environ.get("CHECKPOINT_EVERY", "5")))
 
 monitor = jm.Monitor(config=jm.PyTorchConfig())
+# SIGTERM is a stop with notice (a restart, or a spot release announced in
+# advance): finish the step, checkpoint, and leave.
+TERMINATING = []
+signal.signal(signal.SIGTERM, lambda signum, frame: TERMINATING.append(signum))
 
 
 def faults() -> list[dict]:
@@ -64,7 +73,10 @@ def inject(step: int, loss: float) -> float:
             sys.exit(int(spec.get("code", 1)))
         if spec["kind"] == "hang":
             print(f"step {step}: entering all_reduce", flush=True)
-            time.sleep(3600)
+            # Stuck until stopped; a SIGTERM aborts it (as NCCL's abort would).
+            while not TERMINATING:
+                time.sleep(0.05)
+            sys.exit(143)
         if spec["kind"] == "nan":
             loss = float("nan")
     return loss
@@ -145,7 +157,8 @@ def main() -> None:
     monitor.set_retryable_errors(["connect timeout", "store is temporarily unavailable"])
     start, weights = load_checkpoint()
     trainer = Trainer(weights)
-    print(f"rank {RANK}/{WORLD} round {ROUND}: {trainer.backend}, resuming at step {start}", flush=True)
+    how = "resuming" if RESUMING else "starting"
+    print(f"rank {RANK}/{WORLD} round {ROUND}: {trainer.backend}, {how} at step {start}", flush=True)
     train_steps(trainer, start)
     if RANK == 0:
         print(f"trained: w={trainer.w:.3f} (3.0) b={trainer.b:.3f} (1.0)", flush=True)
@@ -160,8 +173,12 @@ def train_steps(trainer: Trainer, start: int) -> None:
             print(f"step {step}: loss is NaN; told the engine: {st.to_string()}", flush=True)
         else:
             print(f"step {step}: loss {loss:.4f}", flush=True)
-        if step % 5 == 4:
+        if step % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1 or TERMINATING:
             save_checkpoint(step + 1, [trainer.w, trainer.b])
+        if TERMINATING:
+            print(f"step {step}: SIGTERM, checkpoint saved at step {step + 1}; leaving", flush=True)
+            sys.exit(143)
+        if step % 5 == 4:
             evaluate(trainer)
         time.sleep(STEP_S)
 

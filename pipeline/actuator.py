@@ -15,7 +15,8 @@ from typing import Callable, Optional, Protocol, Sequence
 import msgspec
 
 from pipeline.events import Decision, DecisionKind, LogLine
-from pipeline.store.records import FaultRecord, RestartStages
+from pipeline.engine.spot import SPOT_STATES
+from pipeline.store.records import FaultRecord, RestartStages, SpotTransition
 
 
 class JobRuntime(Protocol):
@@ -69,14 +70,18 @@ class Actuator:
             return
         self.executed.add(decision.action_id)
         kind = decision.kind
-        if kind is DecisionKind.START_JOB:
+        if decision.cost is not None:
+            self._spot_transition(decision)
+        if kind in (DecisionKind.START_JOB, DecisionKind.RESUME_JOB):
             starts = dict(decision.starts)
             for name in self.runtime.instance_names:
-                self._start(name, 0, starts.get(name))
+                self._start(name, decision.round, starts.get(name))
             return
         if kind is DecisionKind.COMPLETE_JOB:
             self.runtime.stop_all()  # e.g. parameter servers, which never exit by themselves
             return
+        if kind is DecisionKind.QUEUE_JOB:
+            return  # nothing to start until the market allows
         self._record(decision, "pending", 0.0)
         try:
             if kind is DecisionKind.RESTART_JOB:
@@ -88,6 +93,9 @@ class Actuator:
                 self._record(decision, "done", self.clock() - decision.detected_at)
             elif kind is DecisionKind.NOTIFY:
                 self._record(decision, "done", 0.0)
+            elif kind is DecisionKind.REQUEUE and hasattr(self.runtime, "preempt"):
+                self.runtime.preempt(decision.notice_s)
+                self._record(decision, "done", self.clock() - decision.detected_at)
             elif kind is DecisionKind.ISOLATE_NODE and hasattr(self.runtime, "isolate_node"):
                 self.runtime.isolate_node(decision.node, decision.reason.value)
                 self._record(decision, "done", self.clock() - decision.detected_at)
@@ -141,6 +149,15 @@ class Actuator:
         """The job is over: restarts that never printed again are done without a running time."""
         for pending in list(self._restarts):
             self._complete(pending, None)
+
+    def _spot_transition(self, decision: Decision) -> None:
+        cost = decision.cost
+        self.history.write([SpotTransition(
+            record_id=decision.action_id, job_id=decision.job_id, time=decision.time, round=decision.round,
+            state=SPOT_STATES.get(decision.kind, decision.kind.value), action=decision.kind.value,
+            reason=decision.reason.value, message=decision.error_message, paid=cost.paid,
+            on_demand=cost.on_demand, held_s=cost.held_s, queued_s=cost.queued_s,
+            preemptions=cost.preemptions, resumes=cost.resumes, updated_at=self.clock())])
 
     def _record(self, decision: Decision, result: str, duration_s: float) -> None:
         now = max(self.clock(), self._versions.get(decision.action_id, 0.0) + 0.002)

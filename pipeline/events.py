@@ -34,6 +34,10 @@ class DecisionKind(str, enum.Enum):
     NOTIFY = "notify"
     # Not a fault: the job is over and every remaining instance can be stopped.
     COMPLETE_JOB = "complete_job"
+    # Spot jobs (not faults): the job waits in the bidding queue; a preempted
+    # job starts again from its checkpoint once the market allows.
+    QUEUE_JOB = "queue_job"
+    RESUME_JOB = "resume_job"
 
 
 FAULT_ACTIONS = (
@@ -86,6 +90,12 @@ class Reason(str, enum.Enum):
     ALL_INSTANCES_SUCCEEDED = "all_instances_succeeded"
     INVALID_JOB = "invalid_job"
     ENGINE_ERROR = "engine_error"
+    # Spot: the job waits for its bid to meet the price and for stock.
+    SPOT_QUEUED = "spot_queued"
+    # Spot: bid at or above the price and stock sufficient: instances granted.
+    BID_ACCEPTED = "bid_accepted"
+    # Spot: price above the bid or stock short: instances released.
+    PREEMPTED = "preempted"
 
 
 class InstanceSpec(msgspec.Struct, frozen=True):
@@ -100,6 +110,31 @@ class RoleSpec(msgspec.Struct, frozen=True):
     count: int
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
+
+
+class SpotBid(msgspec.Struct, frozen=True):
+    """One role's bid (SpotWithPriceLimit): a discount of the on-demand price
+    or an absolute price limit, for ``count`` instances of a type."""
+
+    role: str
+    instance_type: str
+    count: int
+    discount: Optional[float] = None  # SpotDiscountLimit, 0.1..0.9
+    price_limit: Optional[float] = None  # SpotPriceLimit
+    # Pools that release on the average price rather than the current one.
+    compare_average: bool = False
+
+
+class SpotCost(msgspec.Struct, frozen=True):
+    """What a spot job has cost so far: market price x time held per instance,
+    against on-demand for the same instance hours."""
+
+    paid: float = 0.0
+    on_demand: float = 0.0
+    held_s: float = 0.0  # seconds the job held its instances
+    queued_s: float = 0.0  # seconds in the bidding queue
+    preemptions: int = 0
+    resumes: int = 0
 
 
 class JobSpec(msgspec.Struct, frozen=True):
@@ -124,6 +159,8 @@ class JobSubmitted(msgspec.Struct, frozen=True, tag="job_submitted"):
     # Agents report each instance's last output time every second; the hang
     # detector then refuses to judge silence on stale reports.
     activity_reports: bool = False
+    # Spot roles: the job waits in the bidding queue until the market allows.
+    spot: tuple[SpotBid, ...] = ()
 
 
 class InstanceStarted(msgspec.Struct, frozen=True, tag="instance_started"):
@@ -213,13 +250,32 @@ class SdkMessage(msgspec.Struct, frozen=True, tag="sdk_message"):
     interval: Optional[int] = None
 
 
+class Offer(msgspec.Struct, frozen=True):
+    """The market for one instance type at one moment (prices per instance-hour)."""
+
+    instance_type: str
+    price: float
+    stock: int
+    on_demand: float
+    average_price: float = 0.0  # 0 when the pool has none
+    notice_s: float = 0.0  # advance notice the pool gives before a release
+
+
+class MarketUpdate(msgspec.Struct, frozen=True, tag="market_update"):
+    """A market observation, polled at the edge (run loop, simulator)."""
+
+    job_id: str
+    time: float
+    offers: tuple[Offer, ...]
+
+
 class Tick(msgspec.Struct, frozen=True, tag="tick"):
     job_id: str
     time: float
 
 
 Event = Union[JobSubmitted, InstanceStarted, LogLine, InstanceExited, SdkMessage, Tick, InstanceActivity, NodeLost,
-              Diagnosis]
+              Diagnosis, MarketUpdate]
 
 
 # ------------------------------------------------------------- decisions
@@ -251,6 +307,11 @@ class Decision(msgspec.Struct, frozen=True):
     spec: Optional[JobSpec] = None
     instances: tuple[InstanceSpec, ...] = ()
     args: str = ""
+    # Spot jobs: the cost so far, on every lifecycle decision (queue, start,
+    # requeue, resume, complete, fail).
+    cost: Optional[SpotCost] = None
+    # For REQUEUE: seconds of notice before the instances are released (0: none).
+    notice_s: float = 0.0
 
 
 def action_id(job_id: str, *parts: object) -> str:

@@ -8,11 +8,13 @@ From a YAML file (``trainwarden run job.yaml``):
     workdir: .                    # relative to this file; default: its directory
     env: {DATA_DIR: /data}        # for every instance
     stop_grace_s: 10              # SIGTERM -> SIGKILL when stopping instances
+    checkpoint_dir: ckpt/{job_id} # TRAINWARDEN_CHECKPOINT_DIR of every instance
     roles:
       worker:
         count: 2
         command: [python, train.py]    # or a string, split like a shell would
         env: {...}
+        spot: {...}               # a bid for preemptible capacity (pipeline/spot/spec.py)
 
 or from the command line (``trainwarden run --nproc 2 -- python train.py``).
 """
@@ -29,6 +31,7 @@ from typing import Mapping, Optional
 
 from pipeline.events import InstanceSpec
 from pipeline.settings import JobSettings, parse_args_string
+from pipeline.spot.spec import RoleBid, parse_spot
 from pipeline.yamlsrc import ConfigError, Fields, load_yaml_file
 
 FRAMEWORKS = ("pytorch", "mpi", "tensorflow", "elasticbatch")
@@ -56,6 +59,10 @@ class JobDefinition:
     workdir: Optional[str]
     env: tuple[tuple[str, str], ...]
     stop_grace_s: float
+    # Spot roles' bids; empty for a job on ordinary capacity.
+    spot: tuple[RoleBid, ...] = ()
+    # Given to every instance as TRAINWARDEN_CHECKPOINT_DIR (resume after preemption).
+    checkpoint_dir: Optional[str] = None
 
     def instances(self) -> tuple[InstanceSpec, ...]:
         specs = []
@@ -117,7 +124,8 @@ def _env(fields: Fields, key: str) -> tuple[tuple[str, str], ...]:
 def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefinition:
     path = Path(path)
     top = Fields(load_yaml_file(path), path, "a job file",
-                 known=("job_id", "framework", "args", "workdir", "env", "stop_grace_s", "roles"))
+                 known=("job_id", "framework", "args", "workdir", "env", "stop_grace_s", "roles",
+                        "checkpoint_dir"))
     framework = top.get("framework", str, "pytorch")
     if framework not in FRAMEWORKS:
         raise top.error("framework", f"'framework' must be one of {', '.join(FRAMEWORKS)}, not {framework!r}")
@@ -127,13 +135,13 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
     except ValueError as exc:
         raise top.error("args", f"'args': {exc}") from None
     roles_raw = top.get("roles", dict)
-    roles = []
+    roles, bids = [], []
     for name in sorted(roles_raw, key=lambda r: ROLE_ORDER.index(r) if r in ROLE_ORDER else len(ROLE_ORDER)):
         if name not in ROLE_ORDER:
             raise ConfigError(f"unknown role {name!r}; roles are {', '.join(ROLE_ORDER)}", path,
                               roles_raw.line_of(name))
         role = Fields(roles_raw[name], path, f"role '{name}'", roles_raw.line_of(name),
-                      known=("count", "command", "env"))
+                      known=("count", "command", "env", "spot"))
         count = role.get("count", int, 1)
         if not 1 <= count <= MAX_INSTANCES:
             raise role.error("count", f"'count' must be from 1 to {MAX_INSTANCES}")
@@ -142,6 +150,8 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
         if not command:
             raise role.error("command", "'command' is empty")
         roles.append(Role(name, count, command, _env(role, "env")))
+        if "spot" in role.mapping:
+            bids.append(parse_spot(role.get("spot", dict), path, name, count, role.line("spot")))
         role.done()
     if not roles:
         raise top.error("roles", "a job needs at least one role")
@@ -151,15 +161,20 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
         raise top.error("stop_grace_s", "'stop_grace_s' must be from 0 to 3600")
     file_job_id = top.get("job_id", str, None)
     env = _env(top, "env")
+    checkpoint_dir = top.get("checkpoint_dir", str, None)
     top.done()
     chosen = job_id or file_job_id
+    final_id = check_job_id(chosen) if chosen else make_job_id(roles[0].command)
+    if checkpoint_dir is not None and not checkpoint_dir.strip():
+        raise top.error("checkpoint_dir", "'checkpoint_dir' is empty")
     resolved = (path.parent / workdir).resolve()
     if not resolved.is_dir():
         raise ConfigError(f"'workdir' {workdir!r} is not a directory ({resolved})", path, top.line("workdir"))
     return JobDefinition(
-        job_id=check_job_id(chosen) if chosen else make_job_id(roles[0].command),
-        framework=framework, args=args, settings=settings, roles=tuple(roles),
-        workdir=str(resolved), env=env, stop_grace_s=float(stop_grace),
+        job_id=final_id, framework=framework, args=args, settings=settings, roles=tuple(roles),
+        workdir=str(resolved), env=env, stop_grace_s=float(stop_grace), spot=tuple(bids),
+        checkpoint_dir=str((path.parent / checkpoint_dir.replace("{job_id}", final_id)).resolve())
+        if checkpoint_dir else None,
     )
 
 

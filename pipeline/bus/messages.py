@@ -110,6 +110,21 @@ class StackDumps(msgspec.Struct, frozen=True, tag="stack_dumps"):
     missing: tuple[str, ...] = ()
 
 
+class StackReportReady(msgspec.Struct, frozen=True, tag="stack_report_ready"):
+    """The actuator built a hung job's stack report (the whole report is in the
+    history); the notifier attaches this summary to the hang notification."""
+
+    report_id: str  # the hang decision's action id
+    job_id: str
+    time: float
+    tool: str
+    processes: int
+    groups: int
+    suspects: tuple[str, ...]
+    verdict: str
+    missing: tuple[str, ...] = ()
+
+
 class ActionDone(msgspec.Struct, frozen=True, tag="action_done"):
     action_id: str
     job_id: str

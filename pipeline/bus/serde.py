@@ -18,6 +18,7 @@ from pipeline.bus.messages import (
     LogBatch,
     NodeState,
     StackDumps,
+    StackReportReady,
     StartInstance,
     StopInstances,
     WireLogLine,
@@ -42,7 +43,7 @@ EventMessage = Union[JobSubmitted, InstanceStarted, InstanceExited, SdkMessage, 
                      DecisionRecord]
 LogMessage = Union[LogBatch, WireLogLine]
 CommandMessage = Union[StartInstance, StopInstances]
-ActuatorStateMessage = Union[ActionDone, NodeState]
+ActuatorStateMessage = Union[ActionDone, NodeState, StackReportReady]
 NodeMessage = Union[Heartbeat, StackDumps]
 
 
@@ -100,3 +101,11 @@ def decode(kind: str, value: bytes) -> msgspec.Struct:
 def _short(exc: Exception) -> str:
     text = str(exc)
     return text if len(text) <= 300 else text[:300] + "…"
+
+
+def dead_letter(record, service: str, error: str, now: float) -> bytes:
+    """The dead-letter message for a bus record that could not take effect:
+    where it was, why, and its value (decoded with replacement, bounded)."""
+    value = record.value[:16384].decode("utf-8", errors="replace") if record.value else ""
+    return encode(DeadLetterMessage(time=now, service=service, topic=record.topic, partition=record.partition,
+                                    offset=record.offset, key=record.key, error=error[:2000], value=value))

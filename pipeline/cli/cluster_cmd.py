@@ -16,6 +16,7 @@ from pipeline.bus import ACTUATOR_STATE, NODES, BusError, open_bus, topic_specs
 from pipeline.bus.base import read_to_end
 from pipeline.bus.messages import Heartbeat, NodeState
 from pipeline.bus.serde import DecodeError, decode, encode
+from pipeline.cli.notify_cmd import add_notify_options, notify_options
 from pipeline.cli.output import ConsoleReporter, err_console, fail, iso, print_json, table
 from pipeline.events import DecisionKind
 from pipeline.jobspec import from_command, load_job_file
@@ -24,7 +25,7 @@ from pipeline.runtime.clock import now as clock_now
 from pipeline.store import default_store_dir, open_writer
 
 HEALTH_EVERY_S = 30.0
-COMMANDS = frozenset({"kafka", "agent", "processor", "actuator", "submit", "nodes"})
+COMMANDS = frozenset({"kafka", "agent", "processor", "actuator", "notifier", "submit", "nodes"})
 TAKES_COMMAND = frozenset({"submit"})
 
 
@@ -57,6 +58,17 @@ def add_commands(sub) -> None:
     actuator.add_argument("--node-timeout", type=float, default=10.0,
                           help="seconds without a heartbeat before a node is lost (default 10)")
     _bootstrap(actuator)
+
+    notifier = sub.add_parser("notifier", help="run the notifier: decisions as signed webhook events",
+                              description="Reads the decisions topic in its own group and delivers the events to "
+                                          "the subscriptions (docs/EVENTS.md); the delivery log goes to the store.")
+    add_notify_options(notifier)
+    notifier.add_argument("--store", help="history store for the delivery log: a directory (chDB) or "
+                                          "http(s)://user@host:port/db")
+    notifier.add_argument("--max-age", type=float, default=3600.0,
+                          help="decisions older than this many seconds when first read are not announced "
+                               "(default 3600)")
+    _bootstrap(notifier)
 
     submit = sub.add_parser("submit", help="submit a job to the cluster",
                             description="trainwarden submit JOB.yaml | trainwarden submit [--nproc N] -- CMD ...")
@@ -116,6 +128,8 @@ def _service(args: argparse.Namespace) -> int:
 
         service = Processor(bus, load_rules(args.rules))
         label = "processor"
+    elif args.command == "notifier":
+        return _notifier(args, bus)
     else:
         from pipeline.services.actuator_service import ActuatorService
 
@@ -123,6 +137,29 @@ def _service(args: argparse.Namespace) -> int:
         service = ActuatorService(bus, open_writer(store), node_timeout_s=args.node_timeout)
         label = f"actuator (history in {store})"
     return run_service(service, label)
+
+
+def _notifier(args: argparse.Namespace, bus) -> int:
+    from pipeline.notify.bridge import DecisionNotifications
+    from pipeline.notify.queue import QueueError
+    from pipeline.services.notifier_service import NotifierService
+
+    if not args.notifications:
+        return fail("the notifier needs --notifications DIR (or $TRAINWARDEN_NOTIFICATIONS)",
+                    hint="for example --notifications rules/notifications")
+    if not 0 < args.max_age <= 30 * 86400:
+        return fail("--max-age must be from 0 to 2592000 seconds")
+    options = notify_options(args)
+    store = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+    try:
+        notifications = DecisionNotifications(options, open_writer(store),
+                                              lambda text: err_console.print(f"trainwarden ▸ notifier: {text}",
+                                                                             markup=False, highlight=False))
+    except QueueError as exc:
+        return fail(str(exc), hint="one notifier per queue directory: give this one its own --notify-dir")
+    service = NotifierService(bus, notifications, max_age_s=args.max_age)
+    return run_service(service, f"notifier ({len(options.subscriptions)} subscriptions, queue in "
+                                f"{options.directory}, deliveries in {store})")
 
 
 def run_service(service, label: str) -> int:
@@ -173,6 +210,10 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
         return fail("give either a job file or a command after '--', not both")
     job = (load_job_file(args.job_file, job_id=args.job_id) if args.job_file
            else from_command(command, args.nproc, args.args or "", args.job_id, args.framework))
+    if job.spot:
+        # The cluster has no market service yet: a spot job must not silently run on ordinary capacity.
+        return fail("spot jobs run in the embedded mode only for now",
+                    hint="run it with: trainwarden run JOB.yaml --market TRACE")
     bus = open_bus(args.bootstrap)
     follower = Follower(bus, job.job_id) if args.follow else None
     if follower is not None and not follower.ready():

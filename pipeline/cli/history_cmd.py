@@ -15,9 +15,10 @@ WIDE_FIELDS = ("reason", "rule", "classifier", "category", "error_signature", "r
 def cmd_history(args: argparse.Namespace) -> int:
     store = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
     filters = {"node": args.node, "source": args.source, "since": args.since}
-    if (args.jobs or args.stages) and any(v is not None for v in filters.values()):
-        return fail("--since, --node and --source filter fault records, not --jobs or --stages",
-                    hint="drop them, or leave out --jobs/--stages")
+    other = args.jobs or args.stages or getattr(args, "costs", False) or getattr(args, "spot", False)
+    if other and any(v is not None for v in filters.values()):
+        return fail("--since, --node and --source filter fault records, not --jobs, --stages, --costs or --spot",
+                    hint="drop them, or leave out --jobs/--stages/--costs/--spot")
     with open_reader(store) as reader:
         if args.jobs:
             return _jobs(reader.jobs(job_id=args.job), args)
@@ -26,6 +27,10 @@ def cmd_history(args: argparse.Namespace) -> int:
         # The same queries as the Grafana dashboards (pipeline/store/analytics.py).
         if args.aggregate:
             return _aggregate(analytics.run(reader, "fault_details", job=args.job, limit=args.limit, **filters), args)
+        if getattr(args, "costs", False):
+            return _costs(reader.job_costs(job_id=args.job), args)
+        if getattr(args, "spot", False):
+            return _spot(reader.spot_transitions(job_id=args.job), args)
         return _faults(analytics.run(reader, "fault_list", job=args.job, limit=args.limit, **filters), args)
 
 
@@ -78,4 +83,26 @@ def _stages(rows: list[dict], args: argparse.Namespace) -> int:
          span(r["detected_at"], r["decided_at"]), span(r["decided_at"], r["stopped_at"]),
          span(r["stopped_at"], r["restarted_at"]), span(r["restarted_at"], r["running_at"]),
          span(r["detected_at"], r["running_at"] or r["restarted_at"])] for r in rows))
+    return 0
+
+
+def _costs(rows: list[dict], args: argparse.Namespace) -> int:
+    if args.json:
+        print_json(rows)
+        return 0
+    table("Spot job costs (market price x time held, per instance-hour prices)",
+          ["job", "state", "preemptions", "resumes", "queued_s", "held_s", "paid", "on-demand", "saving"], (
+              [r["job_id"], r["state"], r["preemptions"], r["resumes"], f"{r['queued_s']:.1f}", f"{r['held_s']:.1f}",
+               f"{r['paid']:.4f}", f"{r['on_demand']:.4f}",
+               f"{1 - r['paid'] / r['on_demand']:.0%}" if r["on_demand"] > 0 else "-"] for r in rows))
+    return 0
+
+
+def _spot(rows: list[dict], args: argparse.Namespace) -> int:
+    if args.json:
+        print_json(rows)
+        return 0
+    table("Spot lifecycle", ["time", "job", "round", "state", "reason", "paid", "on-demand", "message"], (
+        [iso(r["time"]), r["job_id"], r["round"], r["state"], r["reason"], f"{r['paid']:.4f}",
+         f"{r['on_demand']:.4f}", r["message"]] for r in rows), wide=("message",))
     return 0

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the C4D agent's log file on this machine: the trusted diagnostic channel")
     run.add_argument("--stack-timeout", type=float, default=float(os.environ.get("TRAINWARDEN_STACK_TIMEOUT", 10)),
                      help="seconds one process's stack dump may take (default 10)")
+    add_notify_options(run, drain=True)
+    run.add_argument("--market", default=os.environ.get("TRAINWARDEN_MARKET"),
+                     help="the spot market for a job with spot roles: a trace file or a registered provider URL")
 
     history = sub.add_parser("history", help="fault records of one job or all jobs")
     history.add_argument("--job", help="only this job")
@@ -54,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--jobs", action="store_true", help="list jobs instead of fault records")
     history.add_argument("--stages", action="store_true", help="restart stage timings instead of fault records")
     history.add_argument("--wide", action="store_true", help="also show reason, rule and category")
+    history.add_argument("--costs", action="store_true",
+                         help="spot jobs: what each paid against on-demand, preemptions, time queued")
+    history.add_argument("--spot", action="store_true",
+                         help="spot jobs: every lifecycle step (queued, running, requeued, ...) with its cost so far")
     history.add_argument("--limit", type=_positive, default=None, help="at most this many rows (newest)")
     history.add_argument("--json", action="store_true", help="JSON for machines")
     history.add_argument("--since", type=_since, default=None,
@@ -89,11 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
 # Modules that add commands: each has add_commands(subparsers), a COMMANDS set
 # of the top-level names it adds, TAKES_COMMAND (those that accept a command
 # after '--'), and dispatch(args, command) -> exit code.
+from pipeline.cli.notify_cmd import add_notify_options  # noqa: E402 - shared by run and notifier
+
 COMMAND_MODULES = (
     "pipeline.cli.cluster_cmd",
     "pipeline.cli.diagnose_cmd",
     "pipeline.cli.store_cmd",
     "pipeline.cli.report_cmd",
+    "pipeline.cli.notify_cmd",
+    "pipeline.cli.spot_cmd",
 )
 
 

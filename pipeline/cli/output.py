@@ -69,6 +69,15 @@ _ACTION_STYLE = {
 }
 
 
+_SPOT_STEPS = (DecisionKind.QUEUE_JOB, DecisionKind.START_JOB, DecisionKind.RESUME_JOB)
+
+
+def _cost_text(d: Decision) -> str:
+    c = d.cost
+    return (f"paid {c.paid:.4f} vs on-demand {c.on_demand:.4f}, held {c.held_s:.1f} s, queued {c.queued_s:.1f} s, "
+            f"{c.preemptions} preemptions")
+
+
 class ConsoleReporter:
     """What ``trainwarden run`` prints: instance output with a ``[worker-1]``
     prefix on stdout/stderr, and the engine's decisions on stderr."""
@@ -97,10 +106,15 @@ class ConsoleReporter:
     def decision(self, d: Decision) -> None:
         self.flush()  # the instances' lines that led to it come first
         style = _ACTION_STYLE.get(d.kind, "magenta")
+        if d.cost is not None and d.kind in _SPOT_STEPS:
+            err_console.print(f"[blue]trainwarden ▸ spot {d.kind.value}: {_escape(d.error_message)}[/] "
+                              f"[dim]round {d.round}, {_cost_text(d)}[/]")
+            return
         if d.kind is DecisionKind.START_JOB:
             return
         if d.kind is DecisionKind.COMPLETE_JOB:
-            err_console.print(f"[{style}]trainwarden ▸ every instance finished: the job succeeded[/]")
+            err_console.print(f"[{style}]trainwarden ▸ every instance finished: the job succeeded[/]"
+                              + (f" [dim]spot {_cost_text(d)}[/]" if d.cost is not None else ""))
             return
         if d.kind is DecisionKind.NOTIFY:
             err_console.print(f"[{style}]trainwarden ▸ message from {d.instance}: {_escape(d.error_message)}[/]")
@@ -114,6 +128,8 @@ class ConsoleReporter:
             f"[dim]reason {d.reason.value}, rule {d.rule}, round {d.round}[/]")
         if d.error_message:
             err_console.print(f"[dim]  {_escape(d.error_message[:300])}[/]")
+        if d.cost is not None:
+            err_console.print(f"[dim]  spot {_cost_text(d)}[/]")
 
     def info(self, text: str) -> None:
         err_console.print(f"[dim]trainwarden ▸ {_escape(text)}[/]")

@@ -7,12 +7,17 @@ import dataclasses
 import os
 
 from pipeline.cli.output import ConsoleReporter, err_console, fail
+from pipeline.cli.notify_cmd import notify_options
 from pipeline.diagnose.collect import tool_order
 from pipeline.jobspec import from_command, load_job_file
+from pipeline.notify.queue import QueueError
 from pipeline.rules.loader import load_rules
 from pipeline.services.embedded import EmbeddedRun
 from pipeline.settings import parse_args_string
+from pipeline.spot.market import open_market
+from pipeline.spot.spec import check_bids
 from pipeline.store import StoreError, default_store_dir, open_reader, open_writer
+from pipeline.yamlsrc import ConfigError
 
 
 def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
@@ -31,7 +36,22 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
             return fail("--stop-grace must be from 0 to 3600 seconds")
         job = dataclasses.replace(job, stop_grace_s=args.stop_grace)
     parse_args_string(job.args)  # already checked; repeated so a bad string can never start a job
+    market, bids = None, ()
+    if job.spot and not args.market:
+        return fail(f"the job has spot roles ({', '.join(b.role for b in job.spot)}) but no market",
+                    hint="give --market TRACE (a market trace file) or a registered provider URL")
+    if args.market and not job.spot:
+        return fail("--market is for jobs with spot roles", hint="add a 'spot' section to a role of the job file")
+    if job.spot:
+        market = open_market(args.market)
+        bids = check_bids(job.spot, market)
     pack = load_rules(args.rules)
+    try:
+        notify = notify_options(args, job.job_id)
+    except ConfigError:
+        raise  # names file and line; main prints it
+    except ValueError as exc:
+        return fail(str(exc))
     store_dir = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
     writer = open_writer(store_dir)
     reporter = ConsoleReporter(quiet_output=args.quiet)
@@ -42,8 +62,11 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         return fail(f"--stack-tools: {exc}", hint="for example --stack-tools=pystack,py-spy or --stack-tools=none")
     if not 0.5 <= args.stack_timeout <= 300:
         return fail("--stack-timeout must be from 0.5 to 300 seconds")
-    result = EmbeddedRun(job, pack, writer, reporter, stack_tools=tools, stack_timeout_s=args.stack_timeout,
-                         c4d_log=args.c4d_log).run()
+    try:
+        result = EmbeddedRun(job, pack, writer, reporter, stack_tools=tools, stack_timeout_s=args.stack_timeout,
+                             c4d_log=args.c4d_log, notify=notify, market=market, spot=bids).run()
+    except QueueError as exc:
+        return fail(str(exc), hint="give this run its own --notify-dir, or wait for the other one to finish")
     _compact(store_dir)
     colour = "green" if result.exit_code == 0 else "red"
     extra = f", {result.dead_letters} dead letters" if result.dead_letters else ""

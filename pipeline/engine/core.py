@@ -11,7 +11,7 @@ from typing import Optional
 import msgspec
 
 from pipeline.diagnose.advice import WATCHDOG_MARK, advised_interval, watchdog_timeout
-from pipeline.engine import failures, timers
+from pipeline.engine import failures, spot, timers
 from pipeline.engine.decide import apply, guarded, make_decision
 from pipeline.engine.state import InstanceStatus, JobState, JobStatus, new_job_state
 from pipeline.events import (
@@ -25,6 +25,7 @@ from pipeline.events import (
     InstanceStarted,
     JobSubmitted,
     LogLine,
+    MarketUpdate,
     NodeLost,
     Reason,
     SdkMessage,
@@ -48,9 +49,14 @@ def start_job(event: JobSubmitted, pack: RulePack, now: float) -> tuple[JobState
         settings, problem = JobSettings(), str(exc)
     state = new_job_state(event.job_id, event.framework, settings, pack, event.instances)
     state.activity_reports = event.activity_reports
+    if event.spot and not problem:
+        state.spot = spot.new_spot_state(state, event, now)
     if problem:
         decision = make_decision(state, DecisionKind.FAIL_JOB, Reason.INVALID_JOB, "job_arguments", now,
                                  fault_key=("invalid",), message=problem)
+    elif state.spot is not None:
+        # Instances come from the market: the job waits until its bids are met.
+        return state, spot.settle(state, [spot.queue_decision(state, now, event.time)], now)
     else:
         decision = msgspec.structs.replace(
             make_decision(state, DecisionKind.START_JOB, Reason.JOB_SUBMITTED, "job_submitted", now,
@@ -66,6 +72,8 @@ def step(state: JobState, event: Event, now: float) -> tuple[JobState, list[Deci
         return state, []
     handler = _HANDLERS.get(type(event))
     decisions = handler(state, event, now) if handler else []
+    if state.spot is not None and decisions:
+        return state, spot.settle(state, decisions, now)
     for decision in decisions:
         apply(state, decision)
     return state, decisions
@@ -161,6 +169,8 @@ def _on_activity(state: JobState, event: InstanceActivity, now: float) -> list[D
 
 
 def _on_node_lost(state: JobState, event: NodeLost, now: float) -> list[Decision]:
+    if spot.queued(state):
+        return []  # a job in the bidding queue holds no node
     decisions = []
     for name in event.instances:
         inst = state.instances.get(name)
@@ -178,6 +188,8 @@ def _on_node_lost(state: JobState, event: NodeLost, now: float) -> list[Decision
 
 
 def _on_diagnosis(state: JobState, event: Diagnosis, now: float) -> list[Decision]:
+    if spot.queued(state):
+        return []
     settings = state.settings
     if event.level in C4D_LEVELS and C4D_LEVELS.index(event.level) < C4D_LEVELS.index(settings.c4d_log_level.value):
         return []  # below --c4d-log-level: not shown, not acted on
@@ -219,6 +231,7 @@ _HANDLERS = {
     InstanceActivity: _on_activity,
     NodeLost: _on_node_lost,
     Diagnosis: _on_diagnosis,
+    MarketUpdate: spot.on_market,
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from pipeline.engine.limits import first_limit_reached
-from pipeline.engine.state import InstanceState, InstanceStatus, JobState, JobStatus
+from pipeline.engine.state import InstanceState, InstanceStatus, JobState, JobStatus, SpotPhase
 from pipeline.events import Decision, DecisionKind, ErrorSource, Reason, action_id
 
 MAX_MESSAGE = 4000
@@ -29,7 +29,7 @@ def make_decision(state: JobState, kind: DecisionKind, reason: Reason, rule: str
     starts: tuple = ()
     if kind is DecisionKind.RESTART_JOB:
         starts = tuple((i.name, i.start + 1) for i in state.instances.values())
-    elif kind is DecisionKind.START_JOB:
+    elif kind in (DecisionKind.START_JOB, DecisionKind.RESUME_JOB):
         starts = tuple((i.name, i.start) for i in state.instances.values())
     return Decision(
         kind=kind,
@@ -73,6 +73,31 @@ def apply(state: JobState, decision: Decision) -> None:
     elif kind is DecisionKind.COMPLETE_JOB:
         state.status = JobStatus.SUCCEEDED
         state.final_reason = decision.reason.value
+    elif kind is DecisionKind.REQUEUE:
+        # Like a restart for staleness (a new round), but not a restart: no
+        # limit counts it, and nothing starts until the market allows.
+        state.round += 1
+        state.first_success_exit = None
+        for inst in state.instances.values():
+            _reset_incarnation(inst)
+    if state.spot is not None:
+        _apply_spot(state, kind)
+
+
+def _apply_spot(state: JobState, kind: DecisionKind) -> None:
+    spot = state.spot
+    if kind is DecisionKind.START_JOB:
+        spot.phase, spot.started = SpotPhase.RUNNING, True
+    elif kind is DecisionKind.RESUME_JOB:
+        spot.phase = SpotPhase.RUNNING
+        spot.resumes += 1
+    elif kind is DecisionKind.REQUEUE:
+        spot.phase = SpotPhase.QUEUED
+        spot.preemptions += 1
+    elif kind is DecisionKind.QUEUE_JOB:
+        spot.phase = SpotPhase.QUEUED
+    elif kind in (DecisionKind.COMPLETE_JOB, DecisionKind.FAIL_JOB):
+        spot.phase = SpotPhase.DONE
 
 
 def _reset_incarnation(inst: InstanceState) -> None:

@@ -12,7 +12,7 @@ import dataclasses
 import enum
 from typing import Optional
 
-from pipeline.events import InstanceSpec
+from pipeline.events import InstanceSpec, JobSpec, SpotBid
 from pipeline.rules.model import RulePack
 from pipeline.settings import JobSettings
 
@@ -61,6 +61,34 @@ class InstanceState:
         return self.spec.role
 
 
+class SpotPhase(str, enum.Enum):
+    QUEUED = "queued"  # in the bidding queue: no instances held
+    RUNNING = "running"  # instances held and billed
+    DONE = "done"
+
+
+@dataclasses.dataclass(slots=True)
+class SpotState:
+    """A spot job's place in the market and what it has cost so far."""
+
+    bids: tuple[SpotBid, ...]
+    # With fault tolerance off (--fault-tolerant-policy=Never) a preemption fails the job.
+    fault_tolerant: bool
+    since: float  # when cost was last accrued
+    spec: Optional[JobSpec] = None
+    instances: tuple = ()
+    args: str = ""
+    phase: SpotPhase = SpotPhase.QUEUED
+    started: bool = False
+    offers: dict = dataclasses.field(default_factory=dict)  # instance type -> Offer
+    paid: float = 0.0
+    on_demand: float = 0.0
+    held_s: float = 0.0
+    queued_s: float = 0.0
+    preemptions: int = 0
+    resumes: int = 0
+
+
 @dataclasses.dataclass(slots=True)
 class JobState:
     job_id: str
@@ -82,6 +110,7 @@ class JobState:
     silence_checks_skipped: int = 0
     # Collective timeouts (s) already advised about: one notification each.
     advised_timeouts: set = dataclasses.field(default_factory=set)
+    spot: Optional[SpotState] = None
 
     @property
     def finished(self) -> bool:

@@ -23,8 +23,11 @@ from pipeline.events import (
     InstanceStarted,
     JobSubmitted,
     LogLine,
+    MarketUpdate,
+    Offer,
     SdkMessage,
     SdkOp,
+    SpotBid,
     Tick,
 )
 from pipeline.rules.model import RulePack
@@ -47,14 +50,16 @@ def instance_specs(roles: Iterable[tuple[str, int]]) -> tuple[InstanceSpec, ...]
 
 class VirtualCluster:
     def __init__(self, pack: RulePack, job_id: str, args: str, instances: tuple[InstanceSpec, ...],
-                 framework: str = "pytorch", node: str = "virtual-node", start_at: float = 0.0):
+                 framework: str = "pytorch", node: str = "virtual-node", start_at: float = 0.0,
+                 spot: tuple[SpotBid, ...] = ()):
         self.node = node
         self.now = start_at
         self.decisions: list[TimedDecision] = []
         # (round, start) of each instance's previous incarnation, to play stale events.
         self.previous: dict[str, tuple[int, int]] = {}
         self.current: dict[str, tuple[int, int]] = {}
-        submitted = JobSubmitted(job_id=job_id, time=start_at, framework=framework, args=args, instances=instances)
+        submitted = JobSubmitted(job_id=job_id, time=start_at, framework=framework, args=args, instances=instances,
+                                 spot=spot)
         self.state, first = start_job(submitted, pack, start_at)
         self._record(first)
         self._execute(first)
@@ -110,6 +115,9 @@ class VirtualCluster:
         return self.feed(Diagnosis(job_id=self.job_id, time=self.now, node=self._node_of(name), source="c4d",
                                    kind=kind, level=level, rank=self.state.instances[name].spec.rank))
 
+    def market(self, offers: tuple[Offer, ...]) -> list[Decision]:
+        return self.feed(MarketUpdate(job_id=self.job_id, time=self.now, offers=offers))
+
     def _node_of(self, name: str) -> str:
         return f"{self.node}-{name}"
 
@@ -131,7 +139,7 @@ class VirtualCluster:
 
     def _execute(self, decisions: list[Decision]) -> None:
         for decision in decisions:
-            if decision.kind in (DecisionKind.START_JOB, DecisionKind.RESTART_JOB):
+            if decision.kind in (DecisionKind.START_JOB, DecisionKind.RESTART_JOB, DecisionKind.RESUME_JOB):
                 self._start(self.state.instances.keys())
             elif decision.kind is DecisionKind.RESTART_INSTANCE:
                 self._start([decision.instance])

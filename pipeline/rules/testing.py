@@ -21,6 +21,12 @@ expected decision must happen: an empty ``expect`` asserts silence.
         expect:
           - {at: 70, action: restart_job, reason: job_hang}
         outcome: running
+
+A spot job names its bid (for every role) and plays market observations:
+
+        spot: {instance_type: ecs.g7.xlarge, on_demand: 1.2, discount: 0.5}   # or price_limit: 0.6
+        events:
+          - {at: 0, market: 0.3, stock: 8}        # price per instance-hour; notice_s, average_price optional
 """
 
 from __future__ import annotations
@@ -30,13 +36,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pipeline.engine.virtual import VirtualCluster, instance_specs
-from pipeline.events import DecisionKind, SdkOp
+from pipeline.events import DecisionKind, Offer, SdkOp, SpotBid
 from pipeline.rules.loader import load_rules
 from pipeline.rules.model import RulePack
+from pipeline.spot.spec import valid_discount
 from pipeline.yamlsrc import ConfigError, Fields, load_yaml_file
 
 EXPECT_KEYS = ("action", "reason", "rule", "instance", "error_source", "category", "error_code")
-EVENT_KINDS = ("log", "exit", "sdk", "node_lost", "c4d")
+EVENT_KINDS = ("log", "exit", "sdk", "node_lost", "c4d", "market")
+# Not faults: compared only when a test asks for them.
+_LIFECYCLE = (DecisionKind.COMPLETE_JOB, DecisionKind.START_JOB, DecisionKind.QUEUE_JOB, DecisionKind.RESUME_JOB)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +78,7 @@ class RuleTest:
     until: float
     outcome: Optional[str]
     line: int
+    spot: Optional[dict] = None  # instance_type, on_demand, discount or price_limit, compare_average
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,9 +138,28 @@ def _parse_test(fields: Fields, tick: float) -> RuleTest:
         until=until,
         outcome=outcome,
         line=fields.line(),
+        spot=_parse_spot(fields),
     )
     fields.done()
     return test
+
+
+def _parse_spot(fields: Fields) -> Optional[dict]:
+    raw = fields.get("spot", dict, None)
+    if raw is None:
+        return None
+    spot = Fields(raw, fields.path, "a test's spot bid", fields.line("spot"),
+                  known=("instance_type", "on_demand", "discount", "price_limit", "compare_average"))
+    bid = {"instance_type": spot.get("instance_type", str, "spot-type"),
+           "on_demand": float(spot.get("on_demand", (int, float))),
+           "discount": spot.get("discount", (int, float), None),
+           "price_limit": spot.get("price_limit", (int, float), None),
+           "compare_average": spot.get("compare_average", bool, False)}
+    if (bid["discount"] is None) == (bid["price_limit"] is None):
+        raise spot.error(None, "a spot bid needs exactly one of: discount, price_limit")
+    if bid["discount"] is not None and not valid_discount(float(bid["discount"])):
+        raise spot.error("discount", f"'discount' must be 0.1 to 0.9 in steps of 0.1, not {bid['discount']}")
+    return bid
 
 
 def _parse_event(path: Path, raw: Any, line: int) -> TimelineEvent:
@@ -139,11 +168,17 @@ def _parse_event(path: Path, raw: Any, line: int) -> TimelineEvent:
     kinds = [k for k in EVENT_KINDS if k in fields.mapping]
     if len(kinds) != 1:
         raise fields.error(None, "an event needs exactly one of: log, exit, sdk (naming the instance), "
-                                 "node_lost (naming an instance on the lost node), c4d (naming an instance)")
+                                 "node_lost (naming an instance on the lost node), c4d (naming an instance), "
+                                 "market (a price)")
     kind = kinds[0]
-    instance = fields.get(kind, str)
     extra: dict = {}
-    if kind == "node_lost":
+    instance = "" if kind == "market" else fields.get(kind, str)
+    if kind == "market":
+        extra["price"] = float(fields.get("market", (int, float)))
+        extra["stock"] = fields.get("stock", int, 1_000_000)
+        extra["average_price"] = float(fields.get("average_price", (int, float), 0))
+        extra["notice_s"] = float(fields.get("notice_s", (int, float), 0))
+    elif kind == "node_lost":
         pass
     elif kind == "c4d":
         extra["kind"] = fields.get("kind", str, "RankCommHang")
@@ -194,8 +229,13 @@ def _parse_expect(path: Path, raw: Any, line: int) -> Expectation:
 
 
 def run_test(test: RuleTest, pack: RulePack, tick: float) -> list[str]:
+    spot = test.spot
+    bids = () if spot is None else tuple(
+        SpotBid(role=role, instance_type=spot["instance_type"], count=count, discount=spot["discount"],
+                price_limit=spot["price_limit"], compare_average=spot["compare_average"])
+        for role, count in test.roles)
     cluster = VirtualCluster(pack, job_id=f"ruletest-{test.line}", args=test.args,
-                             instances=instance_specs(test.roles), framework=test.framework)
+                             instances=instance_specs(test.roles), framework=test.framework, spot=bids)
     problems: list[str] = []
     pending = list(test.events)
     now = 0.0
@@ -203,7 +243,7 @@ def run_test(test: RuleTest, pack: RulePack, tick: float) -> list[str]:
         while pending and pending[0].at <= now + 1e-9:
             event = pending.pop(0)
             cluster.advance(event.at)
-            problem = _play(cluster, event)
+            problem = _play(cluster, event, spot)
             if problem:
                 problems.append(problem)
         cluster.advance(now)
@@ -217,7 +257,16 @@ def run_test(test: RuleTest, pack: RulePack, tick: float) -> list[str]:
     return problems
 
 
-def _play(cluster: VirtualCluster, event: TimelineEvent) -> str:
+def _play(cluster: VirtualCluster, event: TimelineEvent, spot: Optional[dict] = None) -> str:
+    if event.kind == "market":
+        if spot is None:
+            return f"line {event.line}: a market event needs the test's 'spot' bid"
+        f = event.fields
+        if not cluster.state.finished:
+            cluster.market((Offer(instance_type=spot["instance_type"], price=f["price"], stock=f["stock"],
+                                  on_demand=spot["on_demand"], average_price=f["average_price"],
+                                  notice_s=f["notice_s"]),))
+        return ""
     if event.instance not in cluster.state.instances:
         return f"line {event.line}: no instance {event.instance!r} in this job"
     if cluster.state.finished:
@@ -256,8 +305,7 @@ def _compare(expected: tuple[Expectation, ...], cluster: VirtualCluster) -> list
     # Starting and completing are not faults: compared only when a test asks for them.
     asked = {e.match["action"] for e in expected}
     actual = [(td.at, _actual_fields(td.decision)) for td in cluster.decisions
-              if td.decision.kind not in (DecisionKind.COMPLETE_JOB, DecisionKind.START_JOB)
-              or td.decision.kind.value in asked]
+              if td.decision.kind not in _LIFECYCLE or td.decision.kind.value in asked]
     unmatched = list(actual)
     problems = []
     for exp in expected:

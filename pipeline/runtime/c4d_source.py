@@ -7,7 +7,6 @@ truncation and replacement by a new file of the same name.
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from typing import Callable

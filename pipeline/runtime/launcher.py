@@ -60,12 +60,17 @@ class LocalJobRunner:
             round_=round_, start=start, max_restarts=self.job.settings.max_num_of_job_restart,
             master_addr=MASTER_ADDR, master_port=self.master_port(round_),
             control_address=self.control.address, token=token, sdk_path=self._sdk_path,
-            extra=self._extra_env(role),
+            extra=self._extra_env(role, round_, start),
         )
         return self.runtime.start(name, role.command, env, self.job.workdir, round_, start)
 
-    def _extra_env(self, role) -> dict:
+    def _extra_env(self, role, round_: int, start: int) -> dict:
         env = dict(merged_env(self.job, role))
+        # Any incarnation after the first (restart, re-queued spot job) is a
+        # resume: the job should load its latest checkpoint.
+        env["TRAINWARDEN_RESUME"] = "1" if round_ > 0 or start > 0 else "0"
+        if self.job.checkpoint_dir:
+            env["TRAINWARDEN_CHECKPOINT_DIR"] = self.job.checkpoint_dir
         settings = self.job.settings
         if settings.enable_c4d_hang_detection:
             # C4D reads its thresholds from the environment of the processes it watches.
@@ -77,6 +82,15 @@ class LocalJobRunner:
 
     def stop_all(self) -> None:
         self.runtime.stop_all(self.job.stop_grace_s)
+
+    def preempt(self, notice_s: float) -> None:
+        """The market took the instances back: without notice they die at
+        once (SIGKILL); with notice they get SIGTERM and the notice period."""
+        names = self.runtime.running()
+        if notice_s > 0:
+            self.runtime.stop(names, notice_s)
+        else:
+            self.runtime.kill(names)
 
     def close(self) -> None:
         self.runtime.close(self.job.stop_grace_s)

@@ -169,6 +169,17 @@ class LocalRuntime:
             proc.gone.wait(10.0)
             self.counters.escaped_processes_killed += kill_incarnation(proc.token)
 
+    def kill(self, names: Sequence[str]) -> None:
+        """SIGKILL the instances now (no grace) and return once they are gone."""
+        with self._lock:
+            procs = [self._procs[n] for n in names if n in self._procs]
+        for proc in procs:
+            proc.stopping = True
+            _signal_group(proc.popen.pid, signal.SIGKILL)
+        for proc in procs:
+            proc.gone.wait(10.0)
+            self.counters.escaped_processes_killed += kill_incarnation(proc.token)
+
     def kill_all(self) -> None:
         """SIGKILL every instance now, without waiting (a second interrupt)."""
         with self._lock:

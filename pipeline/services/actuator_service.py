@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 from pipeline.actuator import Actuator
 from pipeline.bus import (
@@ -33,14 +33,13 @@ from pipeline.bus import (
 from pipeline.bus.base import read_to_end
 from pipeline.bus.messages import (
     ActionDone,
-    DeadLetterMessage,
     Heartbeat,
     NodeState,
     StackDumps,
     StartInstance,
     StopInstances,
 )
-from pipeline.bus.serde import DecodeError, decode, encode
+from pipeline.bus.serde import DecodeError, dead_letter, decode, encode
 from pipeline.events import Decision, DecisionKind, ErrorSource, InstanceSpec, JobSpec, NodeLost
 from pipeline.runtime.clock import now as clock_now
 from pipeline.services.nodes import Cluster, NoCapacity, NodeStatus, master_port
@@ -165,7 +164,7 @@ class ActuatorService:
         self.clock = clock
         self.counters = ActuatorCounters()
         self.cluster = Cluster(node_timeout_s)
-        self.reports = StackReports(history, clock)
+        self.reports = StackReports(history, clock, announce=self._announce_report)
         self.executed: set[str] = set()
         self.jobs: dict[str, tuple[RemoteJobRuntime, Actuator]] = {}
         self._submitted: dict[str, float] = {}
@@ -401,16 +400,16 @@ class ActuatorService:
 
     # ------------------------------------------------------------- output
 
+    def _announce_report(self, ready) -> None:
+        self.producer.send(ACTUATOR_STATE, f"report:{ready.report_id}", encode(ready))
+
     def send_command(self, command) -> None:
         self.counters.commands += 1
         self.producer.send(COMMANDS, command.node, encode(command))
 
     def _dead_letter(self, record: Message, error: str) -> None:
         self.counters.dead_letters += 1
-        value = record.value[:16384].decode("utf-8", errors="replace") if record.value else ""
-        self.producer.send(DEAD_LETTERS, "actuator", encode(DeadLetterMessage(
-            time=self.clock(), service="actuator", topic=record.topic, partition=record.partition,
-            offset=record.offset, key=record.key, error=error[:2000], value=value)))
+        self.producer.send(DEAD_LETTERS, "actuator", dead_letter(record, "actuator", error, self.clock()))
 
 
 def node_states(records: list[Message]) -> dict[str, NodeState]:

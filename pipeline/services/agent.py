@@ -29,7 +29,7 @@ from pipeline.bus.messages import (
     StartInstance,
     StopInstances,
 )
-from pipeline.bus.serde import DecodeError, decode, encode
+from pipeline.bus.serde import DecodeError, dead_letter, decode, encode
 from pipeline.diagnose.c4d import C4DFormatError, parse_line
 from pipeline.diagnose.collect import configured, dump_instances
 from pipeline.diagnose.stacks import dumps_to_json
@@ -381,10 +381,7 @@ class Agent:
 
     def _dead_letter(self, record: Message, error: str) -> None:
         self.counters.dead_letters += 1
-        value = record.value[:16384].decode("utf-8", errors="replace") if record.value else ""
-        self.producer.send(DEAD_LETTERS, f"agent-{self.node}", encode(DeadLetterMessage(
-            time=self.clock(), service=f"agent-{self.node}", topic=record.topic, partition=record.partition,
-            offset=record.offset, key=record.key, error=error[:2000], value=value)))
+        self.producer.send(DEAD_LETTERS, f"agent-{self.node}", dead_letter(record, f"agent-{self.node}", error, self.clock()))
 
 
 def _own_address() -> str:

@@ -28,16 +28,20 @@ from pipeline.events import (
     JobSubmitted,
     LogLine,
     Reason,
+    SpotBid,
     Tick,
     action_id,
 )
 from pipeline.jobspec import JobDefinition
+from pipeline.notify.bridge import DecisionNotifications, NotifyOptions, report_summary
 from pipeline.rules.model import RulePack
 from pipeline.runtime.c4d_source import FileFollower
 from pipeline.runtime.clock import now as clock_now
 from pipeline.runtime.control import ControlServer, PendingReply
 from pipeline.runtime.inbox import Inbox
 from pipeline.runtime.launcher import LocalJobRunner
+from pipeline.spot.market import MarketProvider
+from pipeline.spot.poller import MarketPoller
 from pipeline.store.records import DeadLetter, DiagnosisRecord, JobRecord, StackReportRecord
 
 TICK_S = 0.2  # bounds detection latency of the timers to well under a second
@@ -82,6 +86,17 @@ class RetryingHistory:
             self.backlog = []
 
 
+class _CurrentHistory:
+    """The run's history writer as it is at each write (it is wrapped for
+    retries once the job is running)."""
+
+    def __init__(self, run: "EmbeddedRun"):
+        self.run = run
+
+    def write(self, records: list) -> None:
+        self.run.history.write(records)
+
+
 @dataclasses.dataclass
 class RunResult:
     job_id: str
@@ -101,7 +116,8 @@ class EmbeddedRun:
     def __init__(self, job: JobDefinition, pack: RulePack, history: HistoryWriter, reporter: Reporter,
                  node: Optional[str] = None, tick_s: float = TICK_S,
                  stack_tools: tuple[str, ...] = DEFAULT_TOOLS, stack_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 c4d_log: Optional[str] = None):
+                 c4d_log: Optional[str] = None, notify: Optional[NotifyOptions] = None,
+                 market: Optional[MarketProvider] = None, spot: tuple[SpotBid, ...] = ()):
         self.job = job
         self.pack = pack
         self.history = history
@@ -118,11 +134,28 @@ class EmbeddedRun:
         self.stack_timeout_s = stack_timeout_s
         self.stack_reports: list = []
         self.c4d_log = c4d_log
+        self.notify_options = notify
+        self.notifications: Optional[DecisionNotifications] = None
+        # Spot jobs: the bids (checked against the market) and the market, polled here at the edge.
+        self.spot = spot
+        self.market = MarketPoller(market, job.job_id, self.submitted_at, on_error=reporter.info) \
+            if market is not None and spot else None
 
     def run(self) -> RunResult:
+        if self.notify_options is not None:
+            # Before anything starts: a queue directory held by another notifier is a usage problem.
+            self.notifications = DecisionNotifications(
+                self.notify_options, _CurrentHistory(self), self.reporter.info,
+                context={"framework": self.job.framework, "instances": len(self.job.instances()),
+                         "supervisor_node": self.node})
         # The first write fails loudly (a wrong --store is a usage problem);
         # later ones must not stop a running job.
-        self._write_job("running")
+        try:
+            self._write_job("running")
+        except BaseException:
+            if self.notifications is not None:
+                self.notifications.notifier.close()
+            raise
         self.history = RetryingHistory(self.history, self.reporter)
         control = ControlServer(deliver=self.inbox.put, on_refused=self._refused)
         runner = self._runner = LocalJobRunner(self.job, self.inbox.put, control, self.node,
@@ -133,9 +166,10 @@ class EmbeddedRun:
         status = None
         try:
             submitted = JobSubmitted(job_id=self.job.job_id, time=self.submitted_at, framework=self.job.framework,
-                                     args=self.job.args, instances=self.job.instances())
+                                     args=self.job.args, instances=self.job.instances(), spot=self.spot)
             self.state, first = start_job(submitted, self.pack, self.submitted_at)
-            self._handle(first, actuator)  # START_JOB starts the instances
+            self._handle(first, actuator)  # START_JOB starts the instances (a spot job queues)
+            self._poll_market(actuator, clock_now())
             self._loop(actuator)
             status = self.state.status.value
         except KeyboardInterrupt:
@@ -149,6 +183,8 @@ class EmbeddedRun:
                 actuator.finish()
                 runner.close()
             finally:
+                if self.notifications is not None:
+                    self.notifications.close()
                 control.close()
                 self.reporter.flush()
                 final = status or "failed"
@@ -157,7 +193,7 @@ class EmbeddedRun:
                     self.reporter.info(f"{len(self.history.backlog)} history records could not be written")
         counters = dataclasses.asdict(runner.runtime.counters)
         return RunResult(self.job.job_id, final, self.state.final_reason if self.state else "",
-                         self.state.round if self.state else 0, self.decisions, self.dead_letters, counters)
+                         self.state.job_restarts if self.state else 0, self.decisions, self.dead_letters, counters)
 
     def _escalate_further_signals(self, runner: LocalJobRunner) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -184,8 +220,16 @@ class EmbeddedRun:
                 oldest = self.inbox.oldest_time()
                 watermark = moment if oldest is None else min(moment, oldest)
                 self._process(Tick(job_id=self.job.job_id, time=watermark), actuator, now=watermark)
+                self._poll_market(actuator, moment)
                 self.reporter.flush()
                 next_tick = moment + self.tick_s
+
+    def _poll_market(self, actuator: Actuator, moment: float) -> None:
+        if self.market is None or self.state.finished:
+            return
+        update = self.market.poll(moment)
+        if update is not None:
+            self._process(update, actuator, now=moment)
 
     def _process(self, item: Event | PendingReply, actuator: Actuator, now: Optional[float] = None) -> None:
         reply = item if isinstance(item, PendingReply) else None
@@ -228,10 +272,13 @@ class EmbeddedRun:
                 self.reporter.decision(decision)
             except Exception:  # noqa: BLE001 - printing must never stop an action
                 pass
+            report = None
             if decision.error_source in (ErrorSource.HANG, ErrorSource.EXIT_HANG) and decision.kind in (
                     DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB):
-                self._stack_report(decision)
+                report = self._stack_report(decision)
             actuator.execute(decision)
+            if self.notifications is not None:
+                self.notifications.decision(decision, report)
 
     def _c4d_line(self, line: str) -> None:
         """A line of the C4D agent's log (its own thread): a finding goes to the engine."""
@@ -264,15 +311,16 @@ class EmbeddedRun:
             level=event.level, rank=event.rank, detail=event.detail, trusted=trusted, action=action,
             updated_at=clock_now())])
 
-    def _stack_report(self, decision: Decision) -> None:
-        """The stacks of the hung job, taken before the restart ends it."""
+    def _stack_report(self, decision: Decision) -> Optional[dict]:
+        """The stacks of the hung job, taken before the restart ends it; the
+        summary the hang notification carries."""
         if self._runner is None or not self.stack_tools:
-            return
+            return None
         try:
             report = snapshot(self._runner.tokens(), self.stack_tools, self.stack_timeout_s)
         except Exception as exc:  # noqa: BLE001 - a failed diagnosis must not stop the restart
             self.reporter.info(f"stack snapshot failed: {exc!r}")
-            return
+            return None
         self.stack_reports.append(report)
         self.reporter.info(report.text())
         now = clock_now()
@@ -281,6 +329,8 @@ class EmbeddedRun:
             round=decision.round, tool=report.tool, processes=report.processes, groups=len(report.groups),
             suspects=",".join(report.suspects), verdict=report.verdict[:2000], missing="; ".join(report.missing)[:4000],
             report_json=report.to_json()[:1_000_000], updated_at=now)])
+        return report_summary(report.tool, report.processes, len(report.groups), report.suspects, report.verdict,
+                              report.missing)
 
     def _refused(self, reason: str, raw: bytes) -> None:
         self._dead_letter("sdk", reason, raw.decode("utf-8", errors="replace"))
@@ -297,5 +347,5 @@ class EmbeddedRun:
             job_id=self.job.job_id, submitted_at=self.submitted_at, finished_at=finished, status=status,
             reason=self.state.final_reason if self.state else "", framework=self.job.framework,
             args=self.job.args, instances=len(self.job.instances()),
-            rounds=self.state.round if self.state else 0, node_name=self.node, updated_at=now,
+            rounds=self.state.job_restarts if self.state else 0, node_name=self.node, updated_at=now,
         )])

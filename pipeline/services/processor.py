@@ -21,8 +21,8 @@ import time
 from typing import Callable, Optional
 
 from pipeline.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, PREFIX, Bus, BusError, Message
-from pipeline.bus.messages import DeadLetterMessage, DecisionRecord, LogBatch, WireLogLine
-from pipeline.bus.serde import DecodeError, decode, encode
+from pipeline.bus.messages import DecisionRecord, LogBatch, WireLogLine
+from pipeline.bus.serde import DecodeError, dead_letter, decode, encode
 from pipeline.engine import JobState, start_job, step
 from pipeline.engine.decide import apply
 from pipeline.events import Decision, JobSubmitted, LogLine, Tick
@@ -239,7 +239,4 @@ class Processor:
 
     def _dead_letter(self, record: Message, error: str) -> None:
         self.counters.dead_letters += 1
-        value = record.value[:16384].decode("utf-8", errors="replace") if record.value else ""
-        self.producer.send(DEAD_LETTERS, "processor", encode(DeadLetterMessage(
-            time=self.clock(), service="processor", topic=record.topic, partition=record.partition,
-            offset=record.offset, key=record.key, error=error[:2000], value=value)))
+        self.producer.send(DEAD_LETTERS, "processor", dead_letter(record, "processor", error, self.clock()))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from pipeline.bus.messages import StackDumps
+from pipeline.bus.messages import StackDumps, StackReportReady
 from pipeline.diagnose.collect import DEFAULT_TIMEOUT_S
 from pipeline.diagnose.report import build_report
 from pipeline.diagnose.stacks import dumps_from_json
@@ -30,8 +30,10 @@ class _Pending:
 
 
 class StackReports:
-    def __init__(self, history, clock: Callable[[], float]):
+    def __init__(self, history, clock: Callable[[], float],
+                 announce: Callable[[StackReportReady], None] = lambda ready: None):
         self.history = history
+        self.announce = announce
         self.clock = clock
         self.pending: dict[str, _Pending] = {}
         self.written = 0
@@ -75,3 +77,7 @@ class StackReports:
             tool=report.tool, processes=report.processes, groups=len(report.groups), suspects=",".join(report.suspects),
             verdict=report.verdict[:2000], missing="; ".join(report.missing)[:4000],
             report_json=report.to_json()[:1_000_000], updated_at=now)])
+        self.announce(StackReportReady(
+            report_id=report_id, job_id=decision.job_id, time=now, tool=report.tool, processes=report.processes,
+            groups=len(report.groups), suspects=tuple(report.suspects), verdict=report.verdict[:2000],
+            missing=tuple(m[:500] for m in report.missing[:20])))

@@ -132,6 +132,14 @@ class EmbeddedStore:
         with self._using() as sql:
             return queries.dead_letters(sql, limit)
 
+    def spot_transitions(self, job_id: str | None = None) -> list[dict]:
+        with self._using() as sql:
+            return queries.spot_transitions(sql, job_id)
+
+    def job_costs(self, job_id: str | None = None) -> list[dict]:
+        with self._using() as sql:
+            return queries.job_costs(sql, job_id)
+
     def write(self, records: Sequence[Record]) -> None:
         """Insert directly (the store is open anyway); writers that must not
         wait for the lock use SpoolWriter instead."""

@@ -27,6 +27,7 @@ FAULTS = BY_NAME["fault_records"]
 STAGES = BY_NAME["restart_stages"]
 JOBS = BY_NAME["jobs"]
 LETTERS = BY_NAME["dead_letters"]
+SPOT = BY_NAME["spot_transitions"]
 
 
 class Sql(Protocol):
@@ -158,3 +159,40 @@ def optimize(sql: Sql) -> list[str]:
     for name in names:
         sql.execute(f"OPTIMIZE TABLE {quote_identifier(name)} FINAL")
     return names
+
+
+DELIVERIES = BY_NAME["deliveries"]
+DELIVERIES_SQL = _newest(DELIVERIES, "time, delivery_id", _JOB)
+
+
+def deliveries(sql: Sql, job_id: str | None = None, limit: int | None = None) -> list[dict]:
+    """The newest version of each notification delivery, oldest event first."""
+    return _decode(DELIVERIES, sql.select(DELIVERIES_SQL, {"job_id": job_id, "limit": _limit(limit)}))
+
+
+SPOT_SQL = (f"SELECT {_columns(SPOT)} FROM spot_transitions FINAL WHERE {_JOB}"
+            " ORDER BY job_id, time, updated_at, record_id")
+# Costs are cumulative, so a job's totals are those of its newest row.
+COSTS_SQL = f"""
+SELECT job_id, argMax(state, (time, updated_at)) AS state, max(preemptions) AS preemptions,
+       max(resumes) AS resumes, max(queued_s) AS queued_s, max(held_s) AS held_s,
+       max(paid) AS paid, max(on_demand) AS on_demand,
+       toUnixTimestamp64Milli(min(time)) AS first_time_ms, toUnixTimestamp64Milli(max(time)) AS last_time_ms
+FROM spot_transitions FINAL
+WHERE {_JOB}
+GROUP BY job_id
+ORDER BY first_time_ms, job_id
+"""
+
+
+def spot_transitions(sql: Sql, job_id: str | None = None) -> list[dict]:
+    """Spot jobs' lifecycle steps with the cost so far, in order per job."""
+    return _decode(SPOT, sql.select(SPOT_SQL, {"job_id": job_id}))
+
+
+def job_costs(sql: Sql, job_id: str | None = None) -> list[dict]:
+    """Per spot job: state, preemptions, resumes, seconds queued and held,
+    what it paid and what on-demand would have cost (for reports and dashboards)."""
+    rows = sql.select(COSTS_SQL, {"job_id": job_id})
+    return decode_result(rows, ("first_time", "last_time"), ("preemptions", "resumes"),
+                         ("queued_s", "held_s", "paid", "on_demand"))

@@ -150,3 +150,25 @@ class NodeEventRecord(msgspec.Struct, frozen=True):
     state: str  # a NodeStatus value: ready, isolated, lost
     detail: str  # why (the decision's reason, "no heartbeat for 12 s", an operator's note)
     updated_at: float
+
+
+class SpotTransition(msgspec.Struct, frozen=True):
+    """One step of a spot job's life (queued, running, requeued, running
+    again, succeeded or failed) with its cost so far. The newest row of a
+    job holds what it paid and what on-demand would have cost."""
+
+    record_id: str  # the decision's action id
+    job_id: str
+    time: float
+    round: int
+    state: str  # queued, running, requeued, succeeded, failed
+    action: str  # DecisionKind value
+    reason: str  # Reason value
+    message: str
+    paid: float  # market price x time held per instance, so far
+    on_demand: float  # what the same instance hours cost on demand
+    held_s: float
+    queued_s: float
+    preemptions: int
+    resumes: int
+    updated_at: float

@@ -23,6 +23,7 @@ from pipeline.store.records import (
     JobRecord,
     NodeEventRecord,
     RestartStages,
+    SpotTransition,
     StackReportRecord,
     to_row,
 )
@@ -36,7 +37,8 @@ _UINT32 = (0, 2**32 - 1)
 _INT32 = (-(2**31), 2**31 - 1)
 _INT_RANGES = {"round": _UINT32, "error_code": _INT32, "instances": _UINT32, "rounds": _UINT32,
                "processes": _UINT32, "groups": _UINT32, "rank": _INT32,
-               "attempts": _UINT32, "http_status": (0, 65535)}
+               "attempts": _UINT32, "http_status": (0, 65535),
+               "preemptions": _UINT32, "resumes": _UINT32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +71,7 @@ TABLES = (
     Table("diagnoses", DiagnosisRecord, ("time", "updated_at")),
     Table("deliveries", DeliveryRecord, ("time", "updated_at")),
     Table("node_events", NodeEventRecord, ("time", "updated_at")),
+    Table("spot_transitions", SpotTransition, ("time", "updated_at")),
 )
 BY_NAME = {t.name: t for t in TABLES}
 _BY_TYPE = {t.struct: t for t in TABLES}

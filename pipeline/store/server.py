@@ -116,6 +116,12 @@ class ServerStore:
     def dead_letters(self, limit: int = 100) -> list[dict]:
         return queries.dead_letters(self._connection(), limit)
 
+    def spot_transitions(self, job_id: str | None = None) -> list[dict]:
+        return queries.spot_transitions(self._connection(), job_id)
+
+    def job_costs(self, job_id: str | None = None) -> list[dict]:
+        return queries.job_costs(self._connection(), job_id)
+
     def write(self, records: Sequence[Record]) -> None:
         if not records:
             return

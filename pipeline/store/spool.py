@@ -21,6 +21,8 @@ from typing import Sequence
 
 import msgspec
 
+from pipeline.durable import fsync_directory, write_synced
+
 from pipeline.store.base import Record, StoreError
 from pipeline.store.schema import BY_NAME, Table, check
 
@@ -69,16 +71,9 @@ class SpoolWriter:
         temp = self.spool / f".{name}{TEMP_SUFFIX}"
         try:
             self.spool.mkdir(parents=True, exist_ok=True)
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_synced(temp, data, os.O_CREAT | os.O_EXCL, 0o644)
             os.rename(temp, self.spool / f"{name}{SEGMENT_SUFFIX}")
-            _fsync_directory(self.spool)  # makes the rename itself survive a power cut
+            fsync_directory(self.spool)  # makes the rename itself survive a power cut
         except OSError as exc:
             try:
                 temp.unlink(missing_ok=True)
@@ -87,14 +82,6 @@ class SpoolWriter:
             raise StoreError(f"The history spool {self.spool} could not take {count} records: "
                              f"{exc.strerror or exc}.",
                              hint="check the free space and the permissions of the store directory") from exc
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def pending_segments(spool: Path) -> list[Path]:

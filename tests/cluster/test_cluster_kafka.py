@@ -10,6 +10,7 @@ import time
 import pytest
 
 from pipeline.bus import open_bus
+from pipeline.diagnose.collect import find_tool
 from pipeline.bus.serde import encode
 from tests.cluster.processes import ServiceProcesses, behave, wait_for
 from tests.conftest import TRAINWARDEN
@@ -82,7 +83,10 @@ def test_a_sync_job_across_nodes_survives_a_crash_a_hang_and_an_isolated_node(se
     stacks = subprocess.run([*TRAINWARDEN, "stacks", "--job", job_id, "--json", "--store", str(services.store)],
                             env=services.env, capture_output=True, text=True, timeout=60)
     [report] = json.loads(stacks.stdout)
-    assert report["round"] == 1 and report["processes"] == 2 and report["report"]["missing"] == [], report
+    if find_tool("py-spy") or find_tool("pystack"):
+        assert report["round"] == 1 and report["processes"] == 2 and report["report"]["missing"] == [], report
+    else:  # the report still comes, saying what is missing
+        assert report["round"] == 1 and report["processes"] == 0 and report["report"]["missing"], report
     listed = subprocess.run([*TRAINWARDEN, "nodes", "--json"], env=services.env, capture_output=True, text=True,
                             timeout=60)
     assert {n["node"]: n["state"] for n in json.loads(listed.stdout)}[node] == "isolated"

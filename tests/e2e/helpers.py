@@ -10,9 +10,9 @@ BEHAVE = str(Path(__file__).resolve().parent / "programs" / "behave.py")
 
 
 def run_behave(cli, job_id: str, args: str, *behave: str, nproc: int = 2, timeout: float = 120,
-               extra: tuple = ()):
+               extra: tuple = (), env: dict | None = None):
     return cli("run", "--job-id", job_id, "--nproc", str(nproc), "--args", args, "--stop-grace", "1", *extra,
-               "--", sys.executable, BEHAVE, *behave, timeout=timeout)
+               "--", sys.executable, BEHAVE, *behave, timeout=timeout, env=env)
 
 
 def pids_by_instance(stdout: str) -> dict[str, set[int]]:

@@ -1,16 +1,17 @@
 """C4D findings: acted on from the diagnostic channel only."""
 
-import json
 import os
 import subprocess
 import sys
 import time
 
 import pytest
+import standardwebhooks
 
 from pipeline.store import open_reader
 from tests.conftest import ROOT, TRAINWARDEN
 from tests.e2e.helpers import BEHAVE
+from tests.notify.conftest import ENV, SECRET, receiver, subscription_yaml  # noqa: F401 - receiver is a fixture
 
 pytestmark = pytest.mark.e2e
 ARGS = ("--enable-job-restart=True --enable-job-hang-detection=True --job-hang-interval=600 "
@@ -25,10 +26,11 @@ def _diagnoses(store, job_id):
                              "WHERE job_id = {job_id:String} ORDER BY time", {"job_id": job_id})
 
 
-def _run_with_channel(store, job_id, c4d_log, lines, *behave):
-    env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT))
+def _run_with_channel(store, job_id, c4d_log, lines, *behave, extra=(), extra_env=None):
+    env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT), **(extra_env or {}))
     proc = subprocess.Popen([*TRAINWARDEN, "run", "--job-id", job_id, "--nproc", "2", "--args", ARGS,
-                             "--c4d-log", str(c4d_log), "--stop-grace", "1", "--", sys.executable, BEHAVE, *behave],
+                             "--c4d-log", str(c4d_log), "--stop-grace", "1", *extra, "--", sys.executable, BEHAVE,
+                             *behave],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(2.0)
     with open(c4d_log, "a") as handle:
@@ -72,3 +74,26 @@ def test_a_c4d_warning_notifies_without_isolating(store, job_id, tmp_path, histo
     assert finding["action"] == "notify"
     with open_reader(store) as reader:
         assert any("level" in letter["error"] for letter in reader.dead_letters())
+
+
+def test_a_c4d_warning_reaches_subscribers_as_c4d_warning_and_an_error_printed_by_the_job_does_not(
+        store, job_id, tmp_path, receiver):
+    hook = receiver()
+    directory = tmp_path / "notifications"
+    directory.mkdir()
+    (directory / "ops.yaml").write_text("version: 1\nsubscriptions:\n" + subscription_yaml("ops", hook.url,
+                                                                                            private=True))
+    log = tmp_path / "c4d.log"
+    log.touch()
+    code, out, err = _run_with_channel(
+        store, job_id, log, [WARNING], "--steps", "40", "--step-s", "0.1", "--say", ERROR,
+        extra=("--notifications", str(directory), "--notify-dir", str(tmp_path / "queue")), extra_env=ENV)
+    assert code == 0, err
+    payloads = [standardwebhooks.Webhook(SECRET).verify(r.body, r.headers) for r in hook.requests]
+    types = [p["type"] for p in payloads]
+    assert types.count("c4d.warning") == 1 and "node.isolated" not in types, types
+    [warning] = [p["data"] for p in payloads if p["type"] == "c4d.warning"]
+    assert warning["error_source"] == "c4d" and "RankNonCommSlow" in warning["message"]
+    assert types == ["c4d.warning", "job.succeeded"], types
+    assert [(f["level"], f["trusted"]) for f in _diagnoses(store, job_id)] == [("Error", False), ("Error", False),
+                                                                              ("Warning", True)]

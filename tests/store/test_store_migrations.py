@@ -142,6 +142,6 @@ def test_version_4_keeps_the_records_of_a_version_3_store(store_dir, tmp_path):
         sql.execute("TRUNCATE TABLE schema_migrations")
         assert migrate.apply(sql, migrate.load(directory)) == [1, 2, 3]
         queries.insert_records(sql, [fault("r1", node_name="node-a"), fault("r2", node_name="node-b")])
-        assert migrate.apply(sql) == [4]
+        assert migrate.apply(sql)[0] == 4  # and any later ones
         assert [(r["record_id"], r["node_name"]) for r in queries.faults(sql)] == [("r1", "node-a"),
                                                                                   ("r2", "node-b")]

@@ -48,6 +48,9 @@ def main():
     p.add_argument("--linger-rank", default="", help="these ranks stay silent and never finish")
     p.add_argument("--linger-rounds", default="all")
     p.add_argument("--message", default="")
+    p.add_argument("--message-rounds", default="all")
+    p.add_argument("--message-rank", default="all")
+    p.add_argument("--say", default="", help="print this line at start (as the job's own output)")
     p.add_argument("--reset-interval", type=int, default=None, help="reset_config(job_hang_interval=N), then")
     p.add_argument("--silent-s", type=float, default=0, help="...stay silent this long (round 0 only)")
     p.add_argument("--crash-keyword", default="", help="set this retryable keyword just before failing")
@@ -61,7 +64,9 @@ def main():
     if a.keyword:
         st = monitor.set_retryable_errors(a.keyword)
         print(f"keywords {st.to_string()}", flush=True)
-    if a.message:
+    if a.say:
+        print(a.say, flush=True)
+    if a.message and chosen(a.message_rounds, ROUND) and chosen(a.message_rank, RANK):
         st = monitor.send_custom_message(content=a.message)
         print(f"message {st.to_string()}", flush=True)
     if a.child:
