@@ -205,8 +205,7 @@ class ActuatorService:
                 self.jobs.pop(message.job_id, None)
                 self.cluster.placement.pop(message.job_id, None)
         elif isinstance(message, NodeState):
-            if message.state != NodeStatus.LOST.value:
-                self.cluster.set_isolated(message.node, message.state == NodeStatus.ISOLATED.value, message.reason)
+            self.cluster.set_isolated(message.node, message.state == NodeStatus.ISOLATED.value, message.reason)
             self._record_node_event(message)
 
     def _job(self, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec], args: str):
