@@ -364,10 +364,11 @@ class ActuatorService:
             self.bus_healthy = False  # our own heartbeat is late: the bus, not the nodes, is in trouble
             return
         if not self.bus_healthy:
-            # Back from an outage: every node gets a full timeout to be heard again.
+            # Back from an outage: every node gets two full timeouts to be heard
+            # again; its agent's producer reconnects with its own backoff, after ours.
             self.bus_healthy = True
             for node in self.cluster.nodes.values():
-                node.last_seen = max(node.last_seen, now)
+                node.last_seen = max(node.last_seen, now + self.cluster.node_timeout_s)
             return
         for name in self.cluster.expire(now):
             self._node_state(name, NodeStatus.LOST.value, self.cluster.nodes[name].reason)
