@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from pipeline.cli.output import iso, print_json, table
-from pipeline.store import default_store_dir, open_reader
+from pipeline.cli.output import fail, iso, print_json, table
+from pipeline.store import analytics, default_store_dir, open_reader
 from pipeline.store.records import FAULT_FIELDS
 
 WIDE_FIELDS = ("reason", "rule", "classifier", "category", "error_signature", "record_id")
@@ -14,18 +14,24 @@ WIDE_FIELDS = ("reason", "rule", "classifier", "category", "error_signature", "r
 
 def cmd_history(args: argparse.Namespace) -> int:
     store = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+    filters = {"node": args.node, "source": args.source, "since": args.since}
+    other = args.jobs or args.stages or getattr(args, "costs", False) or getattr(args, "spot", False)
+    if other and any(v is not None for v in filters.values()):
+        return fail("--since, --node and --source filter fault records, not --jobs, --stages, --costs or --spot",
+                    hint="drop them, or leave out --jobs/--stages/--costs/--spot")
     with open_reader(store) as reader:
         if args.jobs:
             return _jobs(reader.jobs(job_id=args.job), args)
         if args.stages:
             return _stages(reader.restart_stages(job_id=args.job), args)
+        # The same queries as the Grafana dashboards (pipeline/store/analytics.py).
         if args.aggregate:
-            return _aggregate(reader.aggregate(job_id=args.job), args)
+            return _aggregate(analytics.run(reader, "fault_details", job=args.job, limit=args.limit, **filters), args)
         if getattr(args, "costs", False):
             return _costs(reader.job_costs(job_id=args.job), args)
         if getattr(args, "spot", False):
             return _spot(reader.spot_transitions(job_id=args.job), args)
-        return _faults(reader.faults(job_id=args.job, limit=args.limit), args)
+        return _faults(analytics.run(reader, "fault_list", job=args.job, limit=args.limit, **filters), args)
 
 
 def _faults(rows: list[dict], args: argparse.Namespace) -> int:

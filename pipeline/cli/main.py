@@ -13,6 +13,7 @@ import sys
 from typing import Optional, Sequence
 
 from pipeline.cli.output import fail
+from pipeline.events import ErrorSource
 from pipeline.settings import SettingsError
 from pipeline.yamlsrc import ConfigError
 
@@ -62,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="spot jobs: every lifecycle step (queued, running, requeued, ...) with its cost so far")
     history.add_argument("--limit", type=_positive, default=None, help="at most this many rows (newest)")
     history.add_argument("--json", action="store_true", help="JSON for machines")
+    history.add_argument("--since", type=_since, default=None,
+                         help="only faults since a duration ago (90s, 15m, 24h, 7d) or a UTC time (2026-01-31T12:00)")
+    history.add_argument("--node", help="only faults on this node")
+    history.add_argument("--source", choices=[s.value for s in ErrorSource], help="only faults of this error source")
     _store_option(history)
 
     classify = sub.add_parser("classify", help="the verdict the engine would reach for a failed instance's log")
@@ -96,6 +101,8 @@ from pipeline.cli.notify_cmd import add_notify_options  # noqa: E402 - shared by
 COMMAND_MODULES = (
     "pipeline.cli.cluster_cmd",
     "pipeline.cli.diagnose_cmd",
+    "pipeline.cli.store_cmd",
+    "pipeline.cli.report_cmd",
     "pipeline.cli.notify_cmd",
     "pipeline.cli.spot_cmd",
 )
@@ -115,6 +122,15 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def _since(text: str) -> float:
+    from pipeline.store.analytics import since_seconds
+
+    try:
+        return since_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _exit_code(text: str) -> int:

@@ -13,6 +13,7 @@ gets a ``node_lost`` event, so the engine decides what to do.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from typing import Callable, Sequence
 
@@ -44,7 +45,8 @@ from pipeline.runtime.clock import now as clock_now
 from pipeline.services.nodes import Cluster, NoCapacity, NodeStatus, master_port
 from pipeline.services.stack_reports import StackReports
 from pipeline.settings import JobSettings, SettingsError, parse_args_string
-from pipeline.store.records import JobRecord
+from pipeline.store.base import StoreError
+from pipeline.store.records import JobRecord, NodeEventRecord
 
 GROUP = f"{PREFIX}-actuator"
 NODE_TIMEOUT_S = 10.0
@@ -63,6 +65,7 @@ class ActuatorCounters:
     waiting_for_capacity: int = 0
     nodes_lost: int = 0
     dead_letters: int = 0
+    history_errors: int = 0
 
 
 class RemoteJobRuntime:
@@ -203,6 +206,7 @@ class ActuatorService:
                 self.cluster.placement.pop(message.job_id, None)
         elif isinstance(message, NodeState):
             self.cluster.set_isolated(message.node, message.state == NodeStatus.ISOLATED.value, message.reason)
+            self._record_node_event(message)
 
     def _job(self, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec], args: str):
         if job_id not in self.jobs:
@@ -380,6 +384,16 @@ class ActuatorService:
         self.cluster.set_isolated(name, isolated, reason)
         self._node_state(name, NodeStatus.ISOLATED.value if isolated else NodeStatus.READY.value, reason)
 
+    def _record_node_event(self, message: NodeState) -> None:
+        # Every change passes through the state topic (this actuator's own,
+        # operators' isolate/uncordon, and all of them again after a restart),
+        # so it is recorded here, once per (node, state, time).
+        try:
+            self.history.write([node_event(message)])
+        except StoreError:
+            # The history is not the state: a store outage must not stop the actuator.
+            self.counters.history_errors += 1
+
     def _node_state(self, name: str, state: str, reason: str) -> None:
         self.producer.send(ACTUATOR_STATE, f"node:{name}", encode(NodeState(node=name, state=state,
                                                                            time=self.clock(), reason=reason)))
@@ -409,3 +423,10 @@ def node_states(records: list[Message]) -> dict[str, NodeState]:
         if isinstance(message, NodeState):
             states[message.node] = message
     return states
+
+
+def node_event(message: NodeState) -> NodeEventRecord:
+    """The history row of a node state change; the same change is always the same row."""
+    event_id = hashlib.sha256(f"{message.node}\0{message.state}\0{message.time!r}".encode()).hexdigest()[:32]
+    return NodeEventRecord(event_id=event_id, node_name=message.node, time=message.time, state=message.state,
+                           detail=message.reason, updated_at=message.time)

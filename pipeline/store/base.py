@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Protocol, Sequence, Union, runtime_checkable
+from typing import Mapping, Protocol, Sequence, Union, runtime_checkable
 
 from pipeline.store.records import DeadLetter, FaultRecord, JobRecord, RestartStages
 
@@ -34,6 +34,13 @@ class HistoryReader(Protocol):
     def jobs(self, job_id: str | None = None, limit: int | None = None) -> list[dict]: ...
 
     def dead_letters(self, limit: int = 100) -> list[dict]: ...
+
+    def select(self, query: str, params: Mapping[str, object] | None = None) -> list[dict]:
+        """Any read-only query with ``{name:Type}`` parameters (store/analytics.py runs through this)."""
+
+    def current_version(self) -> int: ...
+
+    def optimize(self) -> list[str]: ...
 
     def spot_transitions(self, job_id: str | None = None) -> list[dict]: ...
 

@@ -90,6 +90,7 @@ class EmbeddedStore:
         self.directory = Path(os.path.realpath(directory))
         self.lock_timeout_s = lock_timeout_s
         self.last_ingest = IngestReport()
+        self.migrated: list[int] = []  # versions this instance applied
         self._owner: int | None = None
         self._depth = 0
         self._lock_fd: int | None = None
@@ -150,6 +151,10 @@ class EmbeddedStore:
         with self._using() as sql:
             self.last_ingest = ingest(sql, self.directory / "spool")
             return self.last_ingest
+
+    def optimize(self) -> list[str]:
+        with self._using() as sql:
+            return queries.optimize(sql)
 
     def current_version(self) -> int:
         with self._using() as sql:
@@ -213,7 +218,7 @@ class EmbeddedStore:
             self._sql = _ChdbSql(self._session, self.directory)
             migrate.create_database(self._sql, EMBEDDED_DATABASE)
             self._sql.execute(f"USE {queries.quote_identifier(EMBEDDED_DATABASE)}")
-            migrate.apply(self._sql)
+            self.migrated.extend(migrate.apply(self._sql))
             self.last_ingest = ingest(self._sql, self.directory / "spool")
         except BaseException:
             self._disconnect()

@@ -15,6 +15,7 @@ from typing import Iterable, Mapping, Protocol
 
 import msgspec
 
+from pipeline.store import analytics
 from pipeline.store.schema import BY_NAME, Table, check, clickhouse_rows, decode_result, table_of
 
 # ClickHouse has no "no limit" value for LIMIT; the largest UInt64 is one.
@@ -104,26 +105,10 @@ def _newest(table: Table, order: str, where: str = "1") -> str:
             f" ORDER BY {descending} LIMIT {{limit:UInt64}}) ORDER BY {ascending}")
 
 
-FAULTS_SQL = _newest(FAULTS, "time, record_id", _JOB)
 JOBS_SQL = _newest(JOBS, "submitted_at, job_id", _JOB)
 LETTERS_SQL = _newest(LETTERS, "time, source, job_id")
 STAGES_SQL = (f"SELECT {_columns(STAGES)} FROM restart_stages FINAL WHERE {_JOB}"
               " ORDER BY detected_at, record_id, instance_name")
-# The inner query renames message and time so that the aggregates below do not
-# read their own output aliases (error_message would be one).
-AGGREGATE_SQL = f"""
-SELECT error_source, error_code, error_signature, argMax(message, at) AS error_message,
-       node_name, instance_name, count() AS count,
-       toUnixTimestamp64Milli(min(at)) AS first_time_ms, toUnixTimestamp64Milli(max(at)) AS last_time_ms
-FROM (
-    SELECT error_source, error_code, error_signature, error_message AS message,
-           node_name, instance_name, time AS at
-    FROM fault_records FINAL
-    WHERE {_JOB}
-)
-GROUP BY error_source, error_code, error_signature, node_name, instance_name
-ORDER BY count DESC, last_time_ms DESC, error_source, error_code, error_signature, node_name, instance_name
-"""
 
 
 def _limit(limit: int | None) -> int:
@@ -140,14 +125,14 @@ def _decode(table: Table, rows: list[dict]) -> list[dict]:
 
 def faults(sql: Sql, job_id: str | None = None, limit: int | None = None) -> list[dict]:
     """The newest version of each fault record, ordered by time and record_id;
-    with a limit, the last ``limit`` of them."""
-    return _decode(FAULTS, sql.select(FAULTS_SQL, {"job_id": job_id, "limit": _limit(limit)}))
+    with a limit, the last ``limit`` of them. (The query is the dashboards'
+    fault list: analytics.py.)"""
+    return analytics.run(sql, "fault_list", job=job_id, limit=_limit(limit))
 
 
 def aggregate(sql: Sql, job_id: str | None = None) -> list[dict]:
     """Fault records grouped by source, code, signature, node and instance; most frequent first."""
-    rows = sql.select(AGGREGATE_SQL, {"job_id": job_id})
-    return decode_result(rows, ("first_time", "last_time"), ("error_code", "count"))
+    return analytics.run(sql, "fault_details", job=job_id)
 
 
 def restart_stages(sql: Sql, job_id: str | None = None) -> list[dict]:
@@ -162,6 +147,18 @@ def jobs(sql: Sql, job_id: str | None = None, limit: int | None = None) -> list[
 def dead_letters(sql: Sql, limit: int = 100) -> list[dict]:
     """The newest ``limit`` dead letters, oldest first."""
     return _decode(LETTERS, sql.select(LETTERS_SQL, {"limit": _limit(limit)}))
+
+
+def optimize(sql: Sql) -> list[str]:
+    """Merge every table's parts and collapse record versions now (OPTIMIZE ...
+    FINAL), so that reads with FINAL find one part per partition and have no
+    merging left to do. The embedded store opens chDB only briefly, so its
+    background merges rarely finish on their own; run this after large
+    catch-ups (`trainwarden store optimize`). Returns the tables merged."""
+    names = [t.name for t in BY_NAME.values()]
+    for name in names:
+        sql.execute(f"OPTIMIZE TABLE {quote_identifier(name)} FINAL")
+    return names
 
 
 DELIVERIES = BY_NAME["deliveries"]

@@ -141,6 +141,17 @@ class DeliveryRecord(msgspec.Struct, frozen=True):
     updated_at: float
 
 
+class NodeEventRecord(msgspec.Struct, frozen=True):
+    """A node's state changed (services/nodes.py): isolated, lost, or ready again."""
+
+    event_id: str  # deterministic from (node, state, time): a replayed change is the same row
+    node_name: str
+    time: float
+    state: str  # a NodeStatus value: ready, isolated, lost
+    detail: str  # why (the decision's reason, "no heartbeat for 12 s", an operator's note)
+    updated_at: float
+
+
 class SpotTransition(msgspec.Struct, frozen=True):
     """One step of a spot job's life (queued, running, requeued, running
     again, succeeded or failed) with its cost so far. The newest row of a

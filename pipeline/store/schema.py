@@ -21,6 +21,7 @@ from pipeline.store.records import (
     DiagnosisRecord,
     FaultRecord,
     JobRecord,
+    NodeEventRecord,
     RestartStages,
     SpotTransition,
     StackReportRecord,
@@ -69,6 +70,7 @@ TABLES = (
     Table("stack_reports", StackReportRecord, ("time", "updated_at")),
     Table("diagnoses", DiagnosisRecord, ("time", "updated_at")),
     Table("deliveries", DeliveryRecord, ("time", "updated_at")),
+    Table("node_events", NodeEventRecord, ("time", "updated_at")),
     Table("spot_transitions", SpotTransition, ("time", "updated_at")),
 )
 BY_NAME = {t.name: t for t in TABLES}

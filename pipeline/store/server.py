@@ -86,6 +86,7 @@ class ServerStore:
         self._own_client = client is None  # a borrowed client cannot be made again once closed
         self._sql: _ConnectSql | None = None
         self._ready = threading.Lock()
+        self.migrated: list[int] = []  # versions this instance applied
 
     def __enter__(self) -> "ServerStore":
         self._connection()
@@ -130,6 +131,9 @@ class ServerStore:
             raise StoreError(f"Nothing was written to the history: {exc}.",
                              hint="this is a bug in the code that built the record") from None
 
+    def optimize(self) -> list[str]:
+        return queries.optimize(self._connection())
+
     def current_version(self) -> int:
         return migrate.current_version(self._connection())
 
@@ -153,7 +157,7 @@ class ServerStore:
         # a missing one: create it first, then make it the client's database.
         migrate.create_database(sql, self.database)
         self._client.database = self.database
-        migrate.apply(sql)
+        self.migrated.extend(migrate.apply(sql))
         return sql
 
     def _new_client(self) -> Any:

@@ -45,12 +45,11 @@ def _connect_chdb(tmp_path) -> Backend:
     return Backend("server-code-on-chdb", store, lambda: _Borrowed(store), store.close)
 
 
-def _server(tmp_path) -> Backend:
+def _server(tmp_path, url: str) -> Backend:
     import clickhouse_connect
 
     from pipeline.store.server import PASSWORD_ENV, ServerStore, parse_url
 
-    url = os.environ["TRAINWARDEN_CLICKHOUSE_URL"]
     parts = urlsplit(url)
     database = f"trainwarden_test_{uuid.uuid4().hex[:10]}"
     store = ServerStore(urlunsplit((parts.scheme, parts.netloc, "/" + database, "", "")))
@@ -77,12 +76,52 @@ class _Borrowed:
         return None
 
 
+def _docker_unavailable() -> str:
+    """Why testcontainers cannot start a container here ("" when it can)."""
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return ""
+    except Exception as exc:  # no socket, no permission, no daemon: all mean "no Docker"
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+
+
+@pytest.fixture(scope="session")
+def clickhouse_server_url():
+    """A ClickHouse server for the ServerStore tests: $TRAINWARDEN_CLICKHOUSE_URL,
+    else one started by testcontainers when a Docker engine answers."""
+    url = os.environ.get("TRAINWARDEN_CLICKHOUSE_URL")
+    if url:
+        yield url
+        return
+    why = _docker_unavailable()
+    if why:
+        pytest.skip("no ClickHouse server: TRAINWARDEN_CLICKHOUSE_URL is not set and testcontainers finds no "
+                    f"Docker engine ({why}); set TRAINWARDEN_CLICKHOUSE_URL (and TRAINWARDEN_CLICKHOUSE_PASSWORD) "
+                    "to run the ServerStore tests against a server")
+    from testcontainers.community.clickhouse import ClickHouseContainer
+
+    from pipeline.store.server import PASSWORD_ENV
+
+    image = os.environ.get("TRAINWARDEN_CLICKHOUSE_IMAGE", "clickhouse/clickhouse-server:25.8")
+    with ClickHouseContainer(image) as server:
+        previous = os.environ.get(PASSWORD_ENV)
+        os.environ[PASSWORD_ENV] = server.password
+        try:
+            yield f"http://{server.username}@{server.get_container_host_ip()}:{server.get_exposed_port(8123)}/default"
+        finally:
+            if previous is None:
+                os.environ.pop(PASSWORD_ENV, None)
+            else:
+                os.environ[PASSWORD_ENV] = previous
+
+
 @pytest.fixture(params=["embedded", "server-code-on-chdb", pytest.param("server", marks=pytest.mark.clickhouse)])
 def backend(request, tmp_path):
-    if request.param == "server" and not os.environ.get("TRAINWARDEN_CLICKHOUSE_URL"):
-        pytest.skip("no ClickHouse server: set TRAINWARDEN_CLICKHOUSE_URL (and TRAINWARDEN_CLICKHOUSE_PASSWORD) "
-                    "to run the ServerStore tests against one")
-    make = {"embedded": _embedded, "server-code-on-chdb": _connect_chdb, "server": _server}[request.param]
-    chosen = make(tmp_path)
+    if request.param == "server":
+        chosen = _server(tmp_path, request.getfixturevalue("clickhouse_server_url"))
+    else:
+        chosen = {"embedded": _embedded, "server-code-on-chdb": _connect_chdb}[request.param](tmp_path)
     yield chosen
     chosen.cleanup()

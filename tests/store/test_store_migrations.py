@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.store import migrate
+from pipeline.store import migrate, queries
 from pipeline.store.embedded import EmbeddedStore
 from pipeline.store.schema import TABLES
 from tests.store.store_factories import fault
@@ -113,3 +113,35 @@ def test_the_tables_collapse_versions_by_the_intended_keys(store_dir):
         assert "fsync_after_insert = 1" in engines[table.name][0], table.name
     store.write([fault()])  # the direct path works too
     assert len(store.faults()) == 1
+
+
+def test_version_4_adds_node_events_by_node_and_the_indexes_the_dashboards_filter_on(store_dir):
+    store = EmbeddedStore(store_dir)
+    tables = {r["name"]: r for r in store.select(
+        "SELECT name, sorting_key, partition_key FROM system.tables WHERE database = currentDatabase()")}
+    assert tables["node_events"]["sorting_key"] == "node_name, event_id"
+    assert tables["node_events"]["partition_key"] == "toYYYYMM(time)"
+    indexes = {(r["table"], r["name"]): r["type"] for r in store.select(
+        "SELECT table, name, type FROM system.data_skipping_indices WHERE database = currentDatabase()")}
+    assert indexes[("fault_records", "idx_time")] == "minmax"
+    assert indexes[("fault_records", "idx_node")] == "bloom_filter"
+    assert indexes[("fault_records", "idx_source")] == "set"
+    assert indexes[("restart_stages", "idx_detected")] == "minmax"
+    types = {r["name"]: r["type"] for r in store.select("DESCRIBE TABLE fault_records")}
+    assert {types[c] for c in ("node_name", "instance_name", "error_signature")} == {"LowCardinality(String)"}
+
+
+def test_version_4_keeps_the_records_of_a_version_3_store(store_dir, tmp_path):
+    directory = tmp_path / "v3"
+    directory.mkdir()
+    for migration in migrate.MIGRATIONS_DIR.glob("000[123]_*.sql"):
+        (directory / migration.name).write_text(migration.read_text())
+    with EmbeddedStore(store_dir)._using() as sql:
+        sql.execute("DROP TABLE fault_records")
+        sql.execute("DROP TABLE node_events")
+        sql.execute("TRUNCATE TABLE schema_migrations")
+        assert migrate.apply(sql, migrate.load(directory)) == [1, 2, 3]
+        queries.insert_records(sql, [fault("r1", node_name="node-a"), fault("r2", node_name="node-b")])
+        assert migrate.apply(sql)[0] == 4  # and any later ones
+        assert [(r["record_id"], r["node_name"]) for r in queries.faults(sql)] == [("r1", "node-a"),
+                                                                                  ("r2", "node-b")]

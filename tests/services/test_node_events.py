@@ -1,0 +1,53 @@
+"""The actuator records every node state change in the history's node_events,
+once per change however often its state topic is read."""
+
+from __future__ import annotations
+
+from pipeline.bus import NODES, topic_specs
+from pipeline.bus.memory import MemoryBus
+from pipeline.bus.messages import Heartbeat
+from pipeline.bus.serde import encode
+from pipeline.services.actuator_service import ActuatorService
+from pipeline.store import SpoolWriter
+from pipeline.store.embedded import EmbeddedStore
+
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self):
+        self.now = T0
+
+    def __call__(self):
+        return self.now
+
+
+def _events(store):
+    return [(r["node_name"], r["state"], r["detail"]) for r in EmbeddedStore(store).select(
+        "SELECT node_name, state, detail FROM node_events FINAL ORDER BY time, state")]
+
+
+def test_isolation_loss_and_return_of_a_node_are_recorded_once_each_even_after_an_actuator_restart(tmp_path):
+    store = tmp_path / "store"
+    bus = MemoryBus()
+    bus.create_topics(topic_specs(2))
+    clock = Clock()
+    service = ActuatorService(bus, SpoolWriter(store), node_timeout_s=5.0, clock=clock)
+    beats = bus.producer()
+    beats.send(NODES, "gpu-1", encode(Heartbeat(node="gpu-1", time=clock.now, slots=4, address="127.0.0.1")))
+    service.run_once(0.0)
+    clock.now += 1
+    service.isolate("gpu-1", True, "c4d_error")
+    service.run_once(0.0)
+    clock.now += 1
+    service.isolate("gpu-1", False, "uncordoned by an operator")
+    service.run_once(0.0)
+    service.run_once(0.0)
+    service.close()
+    expected = [("gpu-1", "isolated", "c4d_error"), ("gpu-1", "ready", "uncordoned by an operator")]
+    assert _events(store) == expected
+    # A new actuator replays the state topic: the same changes, no new rows.
+    again = ActuatorService(bus, SpoolWriter(store), node_timeout_s=5.0, clock=clock)
+    again.run_once(0.0)
+    again.close()
+    assert _events(store) == expected
