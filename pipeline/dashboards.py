@@ -117,8 +117,9 @@ def overview() -> dict:
     layout.add("table", "worst_nodes", 12, 9, links={"node_name": _link("Faults of this node", FAULTS_UID, "node")})
     layout.add("table", "jobs", 12, 9, links={"job_id": _link("Job detail", JOB_UID, "job")})
     layout.add("table", "node_events", 24, 7)
+    layout.add("table", "spot_costs", 24, 7, links={"job_id": _link("Job detail", JOB_UID, "job")})
     return _dashboard("trainwarden-overview", "Trainwarden / Overview",
-                      "Restarts and faults over time, MTBF/MTTR, goodput, worst nodes.", layout,
+                      "Restarts and faults over time, MTBF/MTTR, goodput, worst nodes, spot costs.", layout,
                       [_variable("job", "Job"), _variable("node", "Node"), _variable("source", "Source")])
 
 
@@ -147,6 +148,7 @@ def job() -> dict:
     layout.add("table", "stack_suspects", 16, 7)
     layout.add("bargauge", "faults_by_source", 8, 7, reduce_fields="/^faults$/",
                options={"displayMode": "basic", "orientation": "horizontal"})
+    layout.add("table", "spot_costs", 24, 4, title="Spot: cost against on-demand")
     return _dashboard(JOB_UID, "Trainwarden / Job detail",
                       "One job: its rounds as a timeline of stages, fault records, stack-report suspects. "
                       "Panels of this dashboard are scoped by the job, not by the time range (except "

@@ -44,6 +44,7 @@ class JobReport:
     suspects: list[dict]
     diagnoses: list[dict]
     generated_at: float
+    spot: list[dict] = dataclasses.field(default_factory=list)  # a spot job's cost against on-demand
 
 
 def collect(reader: analytics.Select, job_id: str, now: float | None = None) -> JobReport:
@@ -68,6 +69,7 @@ def collect(reader: analytics.Select, job_id: str, now: float | None = None) -> 
         diagnoses=analytics.run(reader, "diagnoses", **everything) + analytics.run(reader, "hang_advice",
                                                                                   **everything),
         generated_at=now,
+        spot=analytics.run(reader, "spot_costs", **everything),
     )
 
 

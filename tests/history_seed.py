@@ -15,7 +15,7 @@ from pipeline.actuator import Actuator
 from pipeline.bus.messages import NodeState
 from pipeline.events import Decision, DecisionKind, ErrorSource, LogLine, Reason, Stream, action_id
 from pipeline.services.actuator_service import node_event
-from pipeline.store.records import DiagnosisRecord, JobRecord, StackReportRecord
+from pipeline.store.records import DiagnosisRecord, JobRecord, SpotTransition, StackReportRecord
 
 T0 = 1_790_000_000.0  # 2026-09-21, a fixed moment
 JOB_A = "seed-train-a"
@@ -140,6 +140,16 @@ def seed(writer) -> Seeded:
             writer.write([_job_record(job, submitted, clock.now, "failed", failures, clock.now)])
         else:
             writer.write([_job_record(job, submitted, 0.0, "running", failures, clock.now)])
+    # JOB_A ran on spot capacity: its lifecycle with the cost so far, as the actuator records it.
+    for i, (state, action, paid, preemptions, resumes) in enumerate((
+            ("queued", "queue_job", 0.0, 0, 0), ("running", "start_job", 0.0, 0, 0),
+            ("requeued", "requeue", 1.5, 1, 0), ("running", "resume_job", 1.5, 1, 1))):
+        at = T0 + 300 * i
+        writer.write([SpotTransition(
+            record_id=f"{JOB_A}-spot-{i}", job_id=JOB_A, time=at, round=resumes, state=state, action=action,
+            reason="preempted" if action == "requeue" else "bid_accepted", message="", paid=paid,
+            on_demand=paid * 3.0, held_s=600.0 * (i // 2), queued_s=120.0 + 60 * i, preemptions=preemptions,
+            resumes=resumes, updated_at=at)])
     lost = clock.advance(60)
     writer.write([node_event(NodeState(node="gpu-node-3", state="lost", time=lost, reason="no heartbeat for 12 s")),
                   node_event(NodeState(node="gpu-node-3", state="ready", time=lost + 90, reason="heartbeat again"))])

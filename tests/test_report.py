@@ -53,6 +53,8 @@ def test_the_report_rendered_in_chromium_shows_the_jobs_records_and_three_charts
     assert html.count("<svg") >= 3 and 'aria-label="rounds timeline"' in html
     assert len(re.findall(r'class="stage stage-(detecting|stopping|restarting|queued)"', html)) >= 9
     assert re.search(r'<div class="v" id="restarts">3</div>', html)
+    # Job A ran on spot capacity: what it paid against on-demand (1.50 of 4.50 so far).
+    assert '<td class="num" id="spot-paid">1.50</td>' in html and "<td>running</td>" in html
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report-job-a.png"
     shot.unlink(missing_ok=True)

@@ -288,6 +288,25 @@ ORDER BY time DESC, diagnosis_id
 LIMIT ${{limit}}
 """, "time:time job_id:str kind:str detail:str"),
 )
+QUERIES += (
+    # Costs are cumulative on every row, so a job's totals are those of its newest row.
+    _q("spot_costs", "Spot jobs: cost against on-demand", f"""
+SELECT job_id, argMax(step, (at, version)) AS state, max(lost) AS preemptions, max(back) AS resumes,
+       max(waited) AS queued_s, max(held) AS held_s, max(cost) AS paid, max(list_price) AS on_demand,
+       if(max(list_price) > 0, 1 - max(cost) / max(list_price), 0) AS saved,
+       min(at) AS first_time, max(at) AS last_time
+FROM (
+    SELECT job_id, state AS step, time AS at, updated_at AS version, preemptions AS lost, resumes AS back,
+           queued_s AS waited, held_s AS held, paid AS cost, on_demand AS list_price
+    FROM spot_transitions FINAL
+    WHERE {JOB} AND $__timeFilter_ms(time)
+)
+GROUP BY job_id
+ORDER BY last_time DESC, job_id
+LIMIT ${{limit}}
+""", "job_id:str state:str preemptions:int resumes:int queued_s:float held_s:float paid:float on_demand:float "
+     "saved:float first_time:time last_time:time"),
+)
 BY_NAME = {q.name: q for q in QUERIES}
 
 # The dashboards' variable queries: where the choices come from.
