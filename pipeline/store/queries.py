@@ -172,17 +172,6 @@ def deliveries(sql: Sql, job_id: str | None = None, limit: int | None = None) ->
 
 SPOT_SQL = (f"SELECT {_columns(SPOT)} FROM spot_transitions FINAL WHERE {_JOB}"
             " ORDER BY job_id, time, updated_at, record_id")
-# Costs are cumulative, so a job's totals are those of its newest row.
-COSTS_SQL = f"""
-SELECT job_id, argMax(state, (time, updated_at)) AS state, max(preemptions) AS preemptions,
-       max(resumes) AS resumes, max(queued_s) AS queued_s, max(held_s) AS held_s,
-       max(paid) AS paid, max(on_demand) AS on_demand,
-       toUnixTimestamp64Milli(min(time)) AS first_time_ms, toUnixTimestamp64Milli(max(time)) AS last_time_ms
-FROM spot_transitions FINAL
-WHERE {_JOB}
-GROUP BY job_id
-ORDER BY first_time_ms, job_id
-"""
 
 
 def spot_transitions(sql: Sql, job_id: str | None = None) -> list[dict]:
@@ -192,7 +181,7 @@ def spot_transitions(sql: Sql, job_id: str | None = None) -> list[dict]:
 
 def job_costs(sql: Sql, job_id: str | None = None) -> list[dict]:
     """Per spot job: state, preemptions, resumes, seconds queued and held,
-    what it paid and what on-demand would have cost (for reports and dashboards)."""
-    rows = sql.select(COSTS_SQL, {"job_id": job_id})
-    return decode_result(rows, ("first_time", "last_time"), ("preemptions", "resumes"),
-                         ("queued_s", "held_s", "paid", "on_demand"))
+    what it paid and what on-demand would have cost, the share saved; in
+    order of first appearance. The dashboards' and the report's query."""
+    rows = analytics.run(sql, "spot_costs", job=job_id)
+    return sorted(rows, key=lambda r: (r["first_time"], r["job_id"]))
