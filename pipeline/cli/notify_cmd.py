@@ -160,7 +160,8 @@ def _test(args: argparse.Namespace) -> int:
                          source_id=f"notify-test-{time.time_ns()}")
     body = sub.template.render(event.payload(), sub.name)
     result, secrets = send_once(sub, event.id, body.encode(), env=os.environ)
-    shown = redact(result.body[:SHOWN_RESPONSE].decode("utf-8", errors="replace"), secrets)
+    text = redact(result.body.decode("utf-8", errors="replace"), secrets)  # masked whole, then cut
+    shown = "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text[:SHOWN_RESPONSE])
     error = redact(result.error, secrets)
     ok = result.outcome == "delivered"
     if args.json:

@@ -47,22 +47,29 @@ class DecisionNotifications:
         self.notifier = Notifier(options.subscriptions, options.directory, writer=writer)
         self.notifier.start()
 
-    def decision(self, decision: Decision, stack_report: Optional[dict] = None) -> int:
+    def submit(self, decision: Decision, stack_report: Optional[dict] = None) -> int:
+        """Queue the decision's events durably; raises when they could not be queued."""
         context = dict(self.context)
         if stack_report is not None:
             context["stack_report"] = stack_report
+        return self.notifier.submit_decision(decision, context)
+
+    def decision(self, decision: Decision, stack_report: Optional[dict] = None) -> int:
+        """``submit`` for a supervisor: a failure is reported once, never raised."""
         try:
-            return self.notifier.submit_decision(decision, context)
+            return self.submit(decision, stack_report)
         except Exception as exc:  # noqa: BLE001 - notifying must never stop an action
             self.failures += 1
             if self.failures == 1:
                 self.info(f"notification of {decision.kind.value} could not be queued: {exc!r}")
             return 0
 
-    def close(self) -> int:
-        """Send what is pending (rate-limit windows released), then stop;
-        returns the number of deliveries left queued on disk."""
-        self.notifier.drain(self.options.drain_s, release_held=True)
+    def close(self, release_held: bool = True) -> int:
+        """Send what is pending, then stop; returns the number of deliveries
+        left queued on disk. ``release_held`` sends rate-limited messages
+        before their window ends (a run about to exit); a service being
+        restarted keeps them held for its successor."""
+        self.notifier.drain(self.options.drain_s, release_held=release_held)
         left = self.notifier.pending()
         self.notifier.close()
         if left:

@@ -85,11 +85,18 @@ class Subscription:
             value = resolve(value, env)
             if "\r" in value or "\n" in value:
                 raise ValueError(f"header '{name}' would contain a line break after substitution")
+            try:
+                value.encode("latin-1")
+            except UnicodeEncodeError:
+                raise ValueError(f"header '{name}' would contain characters HTTP headers cannot carry "
+                                 "(only Latin-1) after substitution") from None
             headers.append((name, value))
         secret = resolve(self.secret, env) if self.secret else ""
         if secret and not secret.startswith("whsec_"):
             raise ValueError(f"the signing secret in {self.secret} must start with 'whsec_'")
         url = resolve(self.target.url, env)
+        if not url.isascii():
+            raise ValueError("the URL would not be ASCII after substitution: percent-encode it")
         secrets = [env[n] for n in self.env_vars() if n in env]
         return Resolved(url=url, headers=tuple(headers), secret=secret, secrets=tuple(secrets))
 

@@ -92,12 +92,12 @@ class Notifier:
     def submit(self, event: NotificationEvent) -> int:
         """Queue the event for every matching subscription; durable on return.
         Returns the number of deliveries queued (held ones included)."""
-        if self._closed:
-            raise RuntimeError("submit() on a closed notifier: its directory lock is released")
-        now = self.clock()
         records: list[DeliveryRecord] = []
         queued = 0
         with self._cond:
+            if self._closed:
+                raise RuntimeError("submit() on a closed notifier: its directory lock is released")
+            now = self.clock()
             for sub in self.subs.values():
                 if not sub.matches(event):
                     continue
@@ -186,33 +186,49 @@ class Notifier:
             self._thread.start()
 
     def _loop(self) -> None:
+        failures = 0
         while True:
-            with self._cond:
-                if self._stopping:
+            try:
+                if self._loop_once():
                     return
-                now = self.clock()
-                picks, records = self._pick(now)
-                if not picks and not records:
-                    wake = self._next_wake()
-                    self._cond.wait(1.0 if wake is None else min(max(wake - now, 0.002), 1.0))
-                    continue
-            self._log(records)
-            for entry in picks:
-                try:
-                    assert self._pool is not None
-                    self._pool.submit(self._work, entry)
-                except RuntimeError:  # closing: the entry stays pending on disk
-                    with self._cond:
-                        self._inflight.discard(entry.subscription)
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - a full disk must not end delivery for good
+                failures += 1
+                self.counters["loop_errors"] += 1
+                log.error("notifier loop error %d: %s", failures, type(exc).__name__)
+                time.sleep(min(30.0, 0.5 * failures))
+
+    def _loop_once(self) -> bool:
+        """One round of picking and dispatching; True when the notifier is stopping."""
+        with self._cond:
+            if self._stopping:
+                return True
+            now = self.clock()
+            picks, records = self._pick(now)
+            if not picks and not records:
+                wake = self._next_wake()
+                self._cond.wait(1.0 if wake is None else min(max(wake - now, 0.002), 1.0))
+                return False
+        self._log(records)
+        for entry in picks:
+            try:
+                assert self._pool is not None
+                self._pool.submit(self._work, entry)
+            except RuntimeError:  # closing: the entry stays pending on disk
+                with self._cond:
+                    self._inflight.discard(entry.subscription)
+        return False
 
     def _pick(self, now: float) -> tuple[list[Entry], list[DeliveryRecord]]:
         picks, records = [], []
         for name, entry in self.queue.heads(now)[0].items():
             if name in self._inflight:
                 continue
-            if name not in self.subs or name in self.disabled:
+            if name not in self.subs or name in self.disabled or not self.subs[name].enabled:
                 gone = name not in self.subs
-                why = "the subscription no longer exists" if gone else "the endpoint answered 410 Gone before"
+                why = ("the subscription no longer exists" if gone else
+                       "the endpoint answered 410 Gone before" if name in self.disabled else
+                       "the subscription is switched off (enabled: false)")
                 records.append(self._finish(entry, S.DEAD if gone else S.DISABLED, Attempt("dead", error=why), now))
                 continue
             if entry.due > now:
@@ -239,7 +255,9 @@ class Notifier:
         try:
             result, secrets = self._attempt(sub, entry)
         except Exception as exc:  # noqa: BLE001 - a bug here must not wedge the subscription
-            result, secrets = Attempt("retry", error=f"internal error: {exc!r}"), ()
+            # Only the kind: an exception's text may quote a header or URL with a secret in it.
+            log.error("notification attempt to %s failed inside trainwarden: %s", sub.name, type(exc).__name__)
+            result, secrets = Attempt("dead", error=f"internal error ({type(exc).__name__})"), ()
         records = []
         with self._cond:
             try:

@@ -103,10 +103,16 @@ def url_problem(url: str) -> Optional[str]:
     """Static checks of a URL as written (references unresolved)."""
     if ENV_REF.sub("", url).strip() == "" and env_names(url):
         return None  # the whole URL comes from the environment: checked when resolved
-    parts = urllib.parse.urlsplit(ENV_REF.sub("x", url))
+    if not url.isascii():
+        return "the URL must be ASCII: percent-encode other characters (e.g. caf%C3%A9)"
+    try:
+        parts = urllib.parse.urlsplit(ENV_REF.sub("x", url))
+        parts.port  # noqa: B018 - raises for a port that is not a number from 0 to 65535
+        raw = urllib.parse.urlsplit(url)
+    except ValueError as exc:
+        return f"the URL is not valid: {exc}"
     if parts.scheme not in ("http", "https"):
         return f"the URL must start with http:// or https://, not {url.split(':', 1)[0]!r}"
-    raw = urllib.parse.urlsplit(url)
     if "@" in raw.netloc:
         userinfo = raw.netloc.rsplit("@", 1)[0]
         if ":" in userinfo and not _ONLY_REF.match(userinfo.split(":", 1)[1]):

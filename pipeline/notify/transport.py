@@ -116,11 +116,23 @@ def attempt(method: str, url: str, headers: list[tuple[str, str]], body: bytes, 
     if parts.query:
         path += "?" + parts.query
     try:
-        connection.request(method, path, body=body, headers=dict(headers))
-        response = connection.getresponse()
-        data = _read_bounded(response, limit, started + timeout_s * 2)
+        try:
+            connection.request(method, path, body=body, headers=dict(headers))
+            response = connection.getresponse()
+        except (UnicodeError, ValueError) as exc:
+            # http.client refuses a header or path it cannot encode; its message
+            # quotes the value, which may hold a secret: name the kind only.
+            return Attempt("dead", latency_ms=took(),
+                           error=f"the request could not be encoded ({type(exc).__name__}): header values must be "
+                                 "Latin-1 and the URL ASCII")
         status = response.status
         retry_after = parse_retry_after(response.getheader("Retry-After"), now())
+        try:
+            data = _read_bounded(response, limit, started + timeout_s * 2)
+        except (OSError, http.client.HTTPException, ssl.SSLError):
+            if not 200 <= status < 300:
+                raise
+            data = b""  # delivered: an unreadable answer body does not undo that
     except (TimeoutError, socket.timeout):
         return Attempt("retry", latency_ms=took(), error=f"timed out after {timeout_s:g} s")
     except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
@@ -148,15 +160,15 @@ def parse_retry_after(value: Optional[str], now: float) -> Optional[float]:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        return min(float(value), MAX_RETRY_AFTER_S)
     try:
+        if value.isascii() and value.isdigit():
+            return min(float(value), MAX_RETRY_AFTER_S)
         moment = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        if moment is None:
+            return None
+        return min(max(moment.timestamp() - now, 0.0), MAX_RETRY_AFTER_S)
+    except Exception:  # noqa: BLE001 - whatever a receiver sends here, it is only a hint
         return None
-    if moment is None:
-        return None
-    return min(max(moment.timestamp() - now, 0.0), MAX_RETRY_AFTER_S)
 
 
 def backoff(attempts: int, base_s: float, ceiling_s: float, rng: random.Random,
@@ -202,6 +214,8 @@ def _read_bounded(response: http.client.HTTPResponse, limit: int, deadline: floa
 
 
 def _describe(status: int, body: bytes) -> str:
-    text = body[:300].decode("utf-8", errors="replace").strip().replace("\n", " ")
+    # Long enough that masking a secret the receiver echoed happens before the
+    # caller cuts the text (to 1,000): a cut first could leave half a secret.
+    text = "".join(c if c.isprintable() else " " for c in body[:2000].decode("utf-8", errors="replace")).strip()
     reason = http.client.responses.get(status, "")
     return f"HTTP {status} {reason}".strip() + (f": {text}" if text else "")

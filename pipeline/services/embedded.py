@@ -183,17 +183,28 @@ class EmbeddedRun:
                 actuator.finish()
                 runner.close()
             finally:
-                if self.notifications is not None:
-                    self.notifications.close()
                 control.close()
                 self.reporter.flush()
                 final = status or "failed"
                 self._write_job(final)
+                self._close_notifications()
                 if self.history.backlog:
                     self.reporter.info(f"{len(self.history.backlog)} history records could not be written")
         counters = dataclasses.asdict(runner.runtime.counters)
         return RunResult(self.job.job_id, final, self.state.final_reason if self.state else "",
                          self.state.job_restarts if self.state else 0, self.decisions, self.dead_letters, counters)
+
+    def _close_notifications(self) -> None:
+        """The last deliveries, after the job's outcome is stored: waiting for a
+        slow receiver (or an interrupt while waiting) cannot lose that."""
+        if self.notifications is None:
+            return
+        try:
+            self.notifications.close()
+        except KeyboardInterrupt:
+            self.notifications.notifier.close(timeout_s=1.0)
+            self.reporter.info(f"interrupted: notifications still pending stay queued in "
+                               f"{self.notifications.options.directory}")
 
     def _escalate_further_signals(self, runner: LocalJobRunner) -> None:
         if threading.current_thread() is not threading.main_thread():

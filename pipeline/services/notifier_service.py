@@ -40,6 +40,7 @@ class NotifierCounters:
     too_old: int = 0
     held_for_report: int = 0
     report_timeouts: int = 0
+    submit_errors: int = 0
     dead_letters: int = 0
 
 
@@ -81,7 +82,7 @@ class NotifierService:
             self._uncommitted = False
 
     def close(self) -> None:
-        self.notifications.close()
+        self.notifications.close(release_held=False)
         self.producer.flush(5)
         for consumer in (self.decisions, self.state):
             consumer.close()
@@ -126,8 +127,15 @@ class NotifierService:
                         break  # this job's later decisions wait behind it
                     if report is None:
                         self.counters.report_timeouts += 1
+                try:
+                    queued = self.notifications.submit(head.decision, report)
+                except Exception as exc:  # noqa: BLE001 - kept and retried; offsets stay uncommitted
+                    self.counters.submit_errors += 1
+                    self.notifications.info(f"events of {head.decision.kind.value} for {job_id} could not be "
+                                            f"queued ({type(exc).__name__}); retrying")
+                    break
                 queue.popleft()
-                self.counters.notified += self.notifications.decision(head.decision, report) > 0
+                self.counters.notified += queued > 0
             if not queue:
                 del self.held[job_id]
 

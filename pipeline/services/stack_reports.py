@@ -72,12 +72,13 @@ class StackReports:
         decision = pending.decision
         now = self.clock()
         self.written += 1
+        # Announced first: a history that cannot take the report must not also cost the notification it.
+        self.announce(StackReportReady(
+            report_id=report_id, job_id=decision.job_id, time=now, tool=report.tool, processes=report.processes,
+            groups=len(report.groups), suspects=tuple(report.suspects), verdict=report.verdict[:2000],
+            missing=tuple(m[:500] for m in report.missing[:20])))
         self.history.write([StackReportRecord(
             report_id=report_id, record_id=report_id, job_id=decision.job_id, time=now, round=decision.round,
             tool=report.tool, processes=report.processes, groups=len(report.groups), suspects=",".join(report.suspects),
             verdict=report.verdict[:2000], missing="; ".join(report.missing)[:4000],
             report_json=report.to_json()[:1_000_000], updated_at=now)])
-        self.announce(StackReportReady(
-            report_id=report_id, job_id=decision.job_id, time=now, tool=report.tool, processes=report.processes,
-            groups=len(report.groups), suspects=tuple(report.suspects), verdict=report.verdict[:2000],
-            missing=tuple(m[:500] for m in report.missing[:20])))
