@@ -84,8 +84,15 @@ class Notifier:
         # A subscription stays disabled (410) only while its target is unchanged.
         self.disabled = {name: fp for name, fp in state.get("disabled", {}).items()
                          if name in self.subs and self.subs[name].target.fingerprint() == fp}
-        self.held = {_key(e.subscription, e.job_id, e.event_type): e.delivery_id
-                     for e in self.queue.entries.values() if e.held}
+        self.held: dict[str, str] = {}
+        for entry in sorted((e for e in self.queue.entries.values() if e.held), key=lambda e: e.seq):
+            key = _key(entry.subscription, entry.job_id, entry.event_type)
+            older = self.queue.entries.get(self.held.get(key, ""))
+            if older is not None:
+                # A crash between writing a window's newer message and finishing the one
+                # it replaced: the newer one already counts the older among its suppressed.
+                self.queue.finish([older])
+            self.held[key] = entry.delivery_id
 
     # ---------------------------------------------------------- submit
 

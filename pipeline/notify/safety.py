@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 import urllib.parse
 from typing import Iterable, Mapping, Optional
 
@@ -33,6 +34,7 @@ METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
     "169.254.170.2",  # AWS ECS task credentials
     "fd00:ec2::254",  # AWS over IPv6
     "100.100.100.200",  # Alibaba Cloud
+    "168.63.129.16",  # Azure WireServer
 ))
 LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
 
@@ -135,14 +137,20 @@ def host_problem(host: str, allow_private: bool, allow_loopback: bool) -> Option
     try:
         address = ipaddress.ip_address(name)
     except ValueError:
-        return None
+        if not re.fullmatch(r"[0-9a-fx.]+", name):
+            return None
+        try:  # the forms inet_aton still takes: 2852039166, 0xa9.254.169.254, 127.1
+            address = ipaddress.ip_address(socket.inet_aton(name))
+        except OSError:
+            return None
     return address_problem(address, allow_private, allow_loopback)
 
 
 def address_problem(address: ipaddress.IPv4Address | ipaddress.IPv6Address, allow_private: bool,
                     allow_loopback: bool) -> Optional[str]:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped  # ::ffff:169.254.169.254 is 169.254.169.254
+    if isinstance(address, ipaddress.IPv6Address):
+        # ::ffff:169.254.169.254 and 6to4 2002:a9fe:a9fe:: reach 169.254.169.254
+        address = address.ipv4_mapped or address.sixtofour or address
     if allow_private:
         return None
     if address in METADATA_ADDRESSES:

@@ -22,6 +22,7 @@ import http.client
 import random
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
@@ -115,6 +116,12 @@ def attempt(method: str, url: str, headers: list[tuple[str, str]], body: bytes, 
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
+    # The timeout bounds each read; this bounds the whole attempt, so a receiver
+    # trickling its headers byte by byte cannot hold a delivery worker.
+    budget_s = timeout_s * 2 + 1
+    watchdog = threading.Timer(budget_s, _abort, (connection,))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         try:
             connection.request(method, path, body=body, headers=dict(headers))
@@ -136,8 +143,11 @@ def attempt(method: str, url: str, headers: list[tuple[str, str]], body: bytes, 
     except (TimeoutError, socket.timeout):
         return Attempt("retry", latency_ms=took(), error=f"timed out after {timeout_s:g} s")
     except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
+        if not watchdog.is_alive():
+            return Attempt("retry", latency_ms=took(), error=f"no complete answer within {budget_s:g} s")
         return Attempt("retry", latency_ms=took(), error=f"{type(exc).__name__}: {exc}")
     finally:
+        watchdog.cancel()
         connection.close()
     return Attempt(classify(status), http_status=status, latency_ms=took(),
                    error="" if 200 <= status < 300 else _describe(status, data), retry_after_s=retry_after,
@@ -196,6 +206,15 @@ def _connection(scheme: str, host: str, port: int, address: str, timeout_s: floa
 
     connection._create_connection = pinned  # type: ignore[attr-defined]
     return connection
+
+
+def _abort(connection: http.client.HTTPConnection) -> None:
+    sock = connection.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the worker blocked in recv
+        except OSError:
+            pass
 
 
 def _read_bounded(response: http.client.HTTPResponse, limit: int, deadline: float) -> bytes:

@@ -285,3 +285,35 @@ def test_a_switched_off_subscription_sends_nothing_it_had_queued(receiver, subs_
     second = notifier_for(directory, state=tmp_path / "q")
     assert second.drain(5)
     assert len(hook.requests) == 1 and second.log.latest()[-1].status == "disabled"
+
+
+def test_a_receiver_trickling_its_answer_is_cut_off_at_the_attempts_budget():
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = server.accept()
+        conn.recv(65536)
+        while not stop.is_set():  # the status line a byte at a time, each within the read timeout
+            try:
+                conn.sendall(b"H")
+            except OSError:
+                break
+            time.sleep(0.2)
+        conn.close()
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    result = attempt("POST", f"http://127.0.0.1:{server.getsockname()[1]}/hook", [], b"{}", timeout_s=0.5,
+                     allow_private=False, allow_loopback=True)
+    took = time.monotonic() - started
+    stop.set()
+    server.close()
+    assert result.outcome == "retry" and "no complete answer within 2 s" in result.error, result
+    assert took < 4, took
