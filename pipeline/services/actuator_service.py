@@ -205,7 +205,10 @@ class ActuatorService:
                 self.jobs.pop(message.job_id, None)
                 self.cluster.placement.pop(message.job_id, None)
         elif isinstance(message, NodeState):
-            self.cluster.set_isolated(message.node, message.state == NodeStatus.ISOLATED.value, message.reason)
+            if message.state != NodeStatus.LOST.value:
+                # A loss is an observation, not an operator's or a rule's word on
+                # isolation: an isolated node that is lost comes back isolated.
+                self.cluster.set_isolated(message.node, message.state == NodeStatus.ISOLATED.value, message.reason)
             self._record_node_event(message)
 
     def _job(self, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec], args: str):

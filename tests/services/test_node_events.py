@@ -51,3 +51,30 @@ def test_isolation_loss_and_return_of_a_node_are_recorded_once_each_even_after_a
     again.run_once(0.0)
     again.close()
     assert _events(store) == expected
+
+
+def test_an_isolated_node_that_is_lost_comes_back_isolated_also_for_a_restarted_actuator(tmp_path):
+    bus = MemoryBus()
+    bus.create_topics(topic_specs(2))
+    clock = Clock()
+    service = ActuatorService(bus, SpoolWriter(tmp_path / "store"), node_timeout_s=5.0, clock=clock)
+    beats = bus.producer()
+
+    def beat():
+        beats.send(NODES, "gpu-1", encode(Heartbeat(node="gpu-1", time=clock.now, slots=4, address="127.0.0.1")))
+
+    beat()
+    service.run_once(0.0)
+    service.isolate("gpu-1", True, "c4d_error")
+    service.run_once(0.0)
+    clock.now += 20  # silent past the timeout: lost (the loss is written to the state topic and read back)
+    service.run_once(0.0)
+    service.run_once(0.0)
+    assert service.cluster.nodes["gpu-1"].status.value == "lost"
+    beat()
+    service.run_once(0.0)
+    assert service.cluster.nodes["gpu-1"].status.value == "isolated"
+    service.close()
+    again = ActuatorService(bus, SpoolWriter(tmp_path / "store"), node_timeout_s=5.0, clock=clock)
+    assert again.cluster.nodes["gpu-1"].isolated
+    again.close()
