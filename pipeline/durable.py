@@ -1,5 +1,5 @@
-"""Writes that survive a crash or a power cut: the few lines of file I/O the
-history spool and the notification queue share."""
+"""State that survives a crash or a power cut: the few lines of file I/O the
+history spool and the notification queue share, and where their state lives."""
 
 from __future__ import annotations
 
@@ -26,3 +26,15 @@ def fsync_directory(path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def state_directory(name: str, override_env: str) -> Path:
+    """``$override_env``, else ``name`` in the XDG state directory: history and
+    queued notifications are state (losing them loses information), not cache."""
+    explicit = os.environ.get(override_env)
+    if explicit:
+        return Path(explicit).expanduser()
+    state = os.environ.get("XDG_STATE_HOME")
+    # XDG says relative values are invalid and must be ignored.
+    base = Path(state) if state and os.path.isabs(state) else Path.home() / ".local" / "state"
+    return base / "trainwarden" / name

@@ -272,17 +272,11 @@ def _nodes(args: argparse.Namespace) -> int:
 
 
 def _read_all(bus, topic: str) -> dict:
+    from pipeline.services.actuator_service import node_states
+
     consumer = bus.consumer([topic], None, from_beginning=True)
-    states: dict[str, NodeState] = {}
     try:
-        for record in read_to_end(consumer):
-            try:
-                message = decode(topic, record.value)
-            except DecodeError:
-                continue
-            if isinstance(message, NodeState):
-                states[message.node] = message
-        return states
+        return node_states(read_to_end(consumer))
     finally:
         consumer.close()
 

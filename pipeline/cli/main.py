@@ -12,6 +12,7 @@ import signal
 import sys
 from typing import Optional, Sequence
 
+from pipeline.cli.notify_cmd import add_notify_options
 from pipeline.cli.output import fail
 from pipeline.events import ErrorSource
 from pipeline.settings import SettingsError
@@ -96,7 +97,6 @@ def build_parser() -> argparse.ArgumentParser:
 # Modules that add commands: each has add_commands(subparsers), a COMMANDS set
 # of the top-level names it adds, TAKES_COMMAND (those that accept a command
 # after '--'), and dispatch(args, command) -> exit code.
-from pipeline.cli.notify_cmd import add_notify_options  # noqa: E402 - shared by run and notifier
 
 COMMAND_MODULES = (
     "pipeline.cli.cluster_cmd",

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Optional
 
 import msgspec
 
-from pipeline.durable import fsync_directory, write_synced
+from pipeline.durable import fsync_directory, state_directory, write_synced
 
 DONE_KEEP = 100_000  # finished ids remembered for deduplication
 DEAD_KEEP = 1000
@@ -57,14 +57,8 @@ class QueueError(Exception):
 
 
 def default_directory() -> Path:
-    """$TRAINWARDEN_NOTIFY_DIR, else the XDG state directory: like the history,
-    the queue is state (losing it loses notifications), not cache."""
-    explicit = os.environ.get("TRAINWARDEN_NOTIFY_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    state = os.environ.get("XDG_STATE_HOME")
-    base = Path(state) if state and os.path.isabs(state) else Path.home() / ".local" / "state"
-    return base / "trainwarden" / "notify"
+    """$TRAINWARDEN_NOTIFY_DIR, else ``notify`` in the XDG state directory."""
+    return state_directory("notify", "TRAINWARDEN_NOTIFY_DIR")
 
 
 class DurableQueue:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence, Union, runtime_checkable
 
+from pipeline.durable import state_directory
 from pipeline.store.records import DeadLetter, FaultRecord, JobRecord, RestartStages
 
 Record = Union[FaultRecord, RestartStages, JobRecord, DeadLetter]
@@ -62,12 +62,5 @@ class HistoryWriter(Protocol):
 
 
 def default_store_dir() -> Path:
-    """$TRAINWARDEN_STORE, else the XDG state directory (history is state, not cache:
-    losing it loses information)."""
-    explicit = os.environ.get("TRAINWARDEN_STORE")
-    if explicit:
-        return Path(explicit).expanduser()
-    state = os.environ.get("XDG_STATE_HOME")
-    # XDG says relative values are invalid and must be ignored.
-    base = Path(state) if state and os.path.isabs(state) else Path.home() / ".local" / "state"
-    return base / "trainwarden" / "store"
+    """$TRAINWARDEN_STORE, else ``store`` in the XDG state directory."""
+    return state_directory("store", "TRAINWARDEN_STORE")

@@ -8,11 +8,27 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.events import Decision, InstanceStarted, SdkMessage, SdkOp
 from pipeline.notify import MemoryDeliveryLog, Notifier, load_subscriptions
+from tests.builders import Job
 from tests.notify.receiver import Receiver
 
 SECRET = "whsec_" + base64.b64encode(b"trainwarden-test-signing-key-0123456789").decode()
 ENV = {"TW_SECRET": SECRET, "TW_TOKEN": "token-value-never-logged"}
+
+
+def crash_then_nan_decisions() -> list[Decision]:
+    """The engine's decisions for a two-worker job: worker-1 crashes with an NCCL
+    error, the job restarts, worker-0 reports a NaN loss, both finish."""
+    job = Job("--enable-job-restart=True")
+    job.at(1).exit("worker-1", 1, "RuntimeError: NCCL error: unhandled system error")
+    for name in ("worker-0", "worker-1"):
+        job.feed(InstanceStarted(job_id="job-1", time=job.now, instance=name, round=1, start=1))
+    job.at(2).feed(SdkMessage(job_id="job-1", time=job.now, instance="worker-0", round=1, start=1,
+                              op=SdkOp.CUSTOM_MESSAGE, content="The training loss of the job is NaN."))
+    job.at(3).exit("worker-0", 0)
+    job.at(3).exit("worker-1", 0)
+    return job.decisions
 
 
 @pytest.fixture

@@ -7,11 +7,9 @@ import time
 import pytest
 import standardwebhooks
 
-from pipeline.events import InstanceStarted, SdkMessage, SdkOp
 from pipeline.notify import NotifierSettings, read_delivery_log, sample_event
 from pipeline.notify.transport import attempt, parse_retry_after
-from tests.builders import Job
-from tests.notify.conftest import ENV, SECRET, subscription_yaml
+from tests.notify.conftest import ENV, SECRET, crash_then_nan_decisions, subscription_yaml
 from tests.notify.receiver import HANG
 
 
@@ -25,15 +23,7 @@ def test_a_receiver_gets_job_restarted_custom_message_and_job_succeeded_in_order
     hook = receiver()
     notifier = notifier_for(subs_dir(subscription_yaml("ops", hook.url, rate=60)))
     notifier.start()
-    job = Job("--enable-job-restart=True")
-    job.at(1).exit("worker-1", 1, "RuntimeError: NCCL error: unhandled system error")
-    for name in ("worker-0", "worker-1"):
-        job.feed(InstanceStarted(job_id="job-1", time=job.now, instance=name, round=1, start=1))
-    job.at(2).feed(SdkMessage(job_id="job-1", time=job.now, instance="worker-0", round=1, start=1,
-                              op=SdkOp.CUSTOM_MESSAGE, content="The training loss of the job is NaN."))
-    job.at(3).exit("worker-0", 0)
-    job.at(3).exit("worker-1", 0)
-    for decision in job.decisions:
+    for decision in crash_then_nan_decisions():
         notifier.submit_decision(decision, {"framework": "pytorch"})
     assert notifier.drain(10)
     verifier = standardwebhooks.Webhook(SECRET)

@@ -7,7 +7,7 @@ import pathlib
 import msgspec
 import pytest
 
-from pipeline.events import Decision, DecisionKind, ErrorSource, InstanceStarted, Reason, SdkMessage, SdkOp
+from pipeline.events import Decision, DecisionKind, ErrorSource, Reason
 from pipeline.notify.events import (
     EVENT_TYPES,
     MAX_DETAILS_BYTES,
@@ -16,8 +16,8 @@ from pipeline.notify.events import (
     events_from_decision,
     sample_event,
 )
-from tests.builders import Job
 from tests.engine.test_spot import SpotJob, offer
+from tests.notify.conftest import crash_then_nan_decisions
 
 
 def decision(kind, reason, source=None, **fields) -> Decision:
@@ -124,15 +124,7 @@ def test_a_spot_job_preempted_and_resumed_becomes_requeued_resumed_succeeded_wit
 
 
 def test_a_crash_and_a_nan_message_in_a_real_engine_run_become_restarted_custom_message_succeeded():
-    job = Job("--enable-job-restart=True")
-    job.at(1).exit("worker-1", 1, "RuntimeError: NCCL error: unhandled system error")
-    for name in ("worker-0", "worker-1"):
-        job.feed(InstanceStarted(job_id="job-1", time=job.now, instance=name, round=1, start=1))
-    job.at(2).feed(SdkMessage(job_id="job-1", time=job.now, instance="worker-0", round=1, start=1,
-                              op=SdkOp.CUSTOM_MESSAGE, content="The training loss of the job is NaN."))
-    job.at(3).exit("worker-0", 0)
-    job.at(3).exit("worker-1", 0)
-    events = [e for d in job.decisions for e in events_from_decision(d, {})]
+    events = [e for d in crash_then_nan_decisions() for e in events_from_decision(d, {})]
     assert [e.type for e in events] == ["job.restarted", "custom.message", "job.succeeded"]
     assert events[1].message == "The training loss of the job is NaN."
 
