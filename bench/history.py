@@ -9,7 +9,7 @@ with a realistic spread: 2,000 jobs over 90 days, 500 nodes, 64 instances
 per job, the engine's error sources, 300 normalised messages, and 10 % of the
 records stored twice (pending, then done) as the actuator writes them. Then
 it times, on the same code path as `trainwarden history` and the dashboards
-(pipeline/store/analytics.py):
+(pipeline/trainwarden/store/analytics.py):
 
 - the aggregated fault details over the whole history, and over the last 7 days;
 - the per-job queries: one job's fault records, and its rounds;
@@ -37,12 +37,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pipeline"))
 
-from pipeline.events import ErrorSource  # noqa: E402
-from pipeline.store import SpoolWriter, analytics  # noqa: E402
-from pipeline.store.embedded import EmbeddedStore  # noqa: E402
-from pipeline.store.records import FaultRecord  # noqa: E402
+from trainwarden.events import ErrorSource  # noqa: E402
+from trainwarden.store import SpoolWriter, analytics  # noqa: E402
+from trainwarden.store.embedded import EmbeddedStore  # noqa: E402
+from trainwarden.store.records import FaultRecord  # noqa: E402
 
 T_END = 1_790_000_000  # the newest record (seconds); the history spans 90 days before it
 SPAN_S = 90 * 86400

@@ -20,10 +20,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pipeline"))
 
-from pipeline.events import Decision, DecisionKind, ErrorSource, Reason  # noqa: E402
-from pipeline.notify import MemoryDeliveryLog, Notifier, load_subscriptions  # noqa: E402
+from trainwarden.events import Decision, DecisionKind, ErrorSource, Reason  # noqa: E402
+from trainwarden.notify import MemoryDeliveryLog, Notifier, load_subscriptions  # noqa: E402
 
 SECRET = "whsec_" + base64.b64encode(b"bench-signing-key-0123456789abcdef").decode()
 

@@ -35,13 +35,13 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pipeline"))
 
-from pipeline.bus import COMMANDS, EVENTS, LOGS, NODES, BusError  # noqa: E402
-from pipeline.bus.kafka import MAX_REQUEST_BYTES, KafkaBus  # noqa: E402
-from pipeline.bus.messages import Heartbeat, Line, LogBatch, StartInstance  # noqa: E402
-from pipeline.bus.serde import DecodeError, decode, encode  # noqa: E402
-from pipeline.events import (  # noqa: E402
+from trainwarden.bus import COMMANDS, EVENTS, LOGS, NODES, BusError  # noqa: E402
+from trainwarden.bus.kafka import MAX_REQUEST_BYTES, KafkaBus  # noqa: E402
+from trainwarden.bus.messages import Heartbeat, Line, LogBatch, StartInstance  # noqa: E402
+from trainwarden.bus.serde import DecodeError, decode, encode  # noqa: E402
+from trainwarden.events import (  # noqa: E402
     Decision,
     DecisionKind,
     InstanceExited,
@@ -52,13 +52,13 @@ from pipeline.events import (  # noqa: E402
     RoleSpec,
     Stream,
 )
-from pipeline.rules.loader import load_rules  # noqa: E402
-from pipeline.runtime.clock import now as clock_now  # noqa: E402
-from pipeline.services.actuator_service import GROUP as ACTUATOR_GROUP  # noqa: E402
-from pipeline.services.actuator_service import ActuatorService  # noqa: E402
-from pipeline.services.processor import GROUP as PROCESSOR_GROUP  # noqa: E402
-from pipeline.services.processor import Processor  # noqa: E402
-from pipeline.store import open_writer  # noqa: E402
+from trainwarden.rules.loader import load_rules  # noqa: E402
+from trainwarden.runtime.clock import now as clock_now  # noqa: E402
+from trainwarden.services.actuator_service import GROUP as ACTUATOR_GROUP  # noqa: E402
+from trainwarden.services.actuator_service import ActuatorService  # noqa: E402
+from trainwarden.services.processor import GROUP as PROCESSOR_GROUP  # noqa: E402
+from trainwarden.services.processor import Processor  # noqa: E402
+from trainwarden.store import open_writer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = "bench-node"

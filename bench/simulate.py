@@ -12,14 +12,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pipeline"))
 
-from pipeline.events import SpotBid  # noqa: E402
-from pipeline.jobspec import from_command  # noqa: E402
-from pipeline.rules.loader import load_rules  # noqa: E402
-from pipeline.spot.market import TraceMarket  # noqa: E402
-from pipeline.spot.simulate import simulate  # noqa: E402
-from pipeline.spot.synthetic import write_trace  # noqa: E402
+from trainwarden.events import SpotBid  # noqa: E402
+from trainwarden.jobspec import from_command  # noqa: E402
+from trainwarden.rules.loader import load_rules  # noqa: E402
+from trainwarden.spot.market import TraceMarket  # noqa: E402
+from trainwarden.spot.simulate import simulate  # noqa: E402
+from trainwarden.spot.synthetic import write_trace  # noqa: E402
 
 
 def main() -> None:

@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pipeline"))
 
-from pipeline.diagnose.report import build_report  # noqa: E402
-from pipeline.diagnose.stacks import ProcessDump, parse_pyspy  # noqa: E402
+from trainwarden.diagnose.report import build_report  # noqa: E402
+from trainwarden.diagnose.stacks import ProcessDump, parse_pyspy  # noqa: E402
 
 
 def dump_text(pid: int, odd: bool) -> str:

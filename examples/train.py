@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.sdk import job_monitor as jm
+from trainwarden.sdk import job_monitor as jm
 
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.engine import start_job, step
-from pipeline.engine.virtual import instance_specs
-from pipeline.events import (
+from trainwarden.engine import start_job, step
+from trainwarden.engine.virtual import instance_specs
+from trainwarden.events import (
     Decision,
     DecisionKind,
     InstanceExited,
@@ -15,7 +15,7 @@ from pipeline.events import (
     SdkOp,
     Tick,
 )
-from pipeline.rules.loader import load_rules
+from trainwarden.rules.loader import load_rules
 
 PACK = load_rules()
 T0 = 1_700_000_000.0

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TRAINWARDEN = [sys.executable, "-m", "pipeline.cli.main"]
+TRAINWARDEN = [sys.executable, "-m", "trainwarden.cli.main"]
 # Unique per test session: the orphan check must only ever see (and kill) the
 # processes of this session's jobs, not those of another run on the machine.
 JOB_PREFIX = f"twtest-{uuid.uuid4().hex[:6]}-"
@@ -81,7 +81,7 @@ def cli(store):
     """Run ``trainwarden`` as a real process with this test's store."""
 
     def run(*args: str, timeout: float = 120, env: dict | None = None, input: str | None = None) -> Completed:
-        full_env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT))
+        full_env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT / "pipeline"))
         full_env.update(env or {})
         started = time.time()
         proc = subprocess.run([*TRAINWARDEN, *args], capture_output=True, text=True, timeout=timeout,

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline.actuator import Actuator
-from pipeline.bus.messages import NodeState
-from pipeline.events import Decision, DecisionKind, ErrorSource, LogLine, Reason, Stream, action_id
-from pipeline.services.actuator_service import node_event
-from pipeline.store.records import DiagnosisRecord, JobRecord, SpotTransition, StackReportRecord
+from trainwarden.actuator import Actuator
+from trainwarden.bus.messages import NodeState
+from trainwarden.events import Decision, DecisionKind, ErrorSource, LogLine, Reason, Stream, action_id
+from trainwarden.services.actuator_service import node_event
+from trainwarden.store.records import DiagnosisRecord, JobRecord, SpotTransition, StackReportRecord
 
 T0 = 1_790_000_000.0  # 2026-09-21, a fixed moment
 JOB_A = "seed-train-a"

@@ -1,5 +1,5 @@
-from pipeline.classify import classify, last_exception_line, normalise
-from pipeline.rules.loader import load_rules
+from trainwarden.classify import classify, last_exception_line, normalise
+from trainwarden.rules.loader import load_rules
 
 PACK = load_rules()
 

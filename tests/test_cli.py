@@ -3,8 +3,8 @@
 import json
 import sys
 
-from pipeline.store import open_writer
-from pipeline.store.records import FAULT_FIELDS, FaultRecord
+from trainwarden.store import open_writer
+from trainwarden.store.records import FAULT_FIELDS, FaultRecord
 
 
 def test_classify_prints_the_verdict_as_json(cli, tmp_path):

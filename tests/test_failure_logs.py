@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.classify import Verdict, classify
-from pipeline.rules.loader import load_rules
+from trainwarden.classify import Verdict, classify
+from trainwarden.rules.loader import load_rules
 
 DATA = Path(__file__).resolve().parent / "data" / "failure_logs"
 FILES = sorted(DATA.glob("*.log"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from pipeline.store import SpoolWriter, migrate
+from trainwarden.store import SpoolWriter, migrate
 from tests.store.store_factories import fault
 
 LATEST = max(m.version for m in migrate.load())
@@ -83,7 +83,7 @@ def test_store_migrate_on_an_unreachable_server_is_one_sentence(cli, store):
 
 
 def test_store_optimize_collapses_record_versions_and_keeps_every_record(cli, store):
-    from pipeline.store.embedded import EmbeddedStore
+    from trainwarden.store.embedded import EmbeddedStore
     from tests.store.store_factories import replace
 
     first = fault("r1", job_id="j1")

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from pipeline.settings import defaults_table
+from trainwarden.settings import defaults_table
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.store import SpoolWriter
+from trainwarden.store import SpoolWriter
 from tests.history_seed import JOB_A, JOB_B, seed
 
 ROOT = Path(__file__).resolve().parent.parent

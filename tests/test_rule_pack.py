@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.rules.loader import load_rules, shipped_rules_dir
-from pipeline.rules.testing import parse_test_file, run_files
+from trainwarden.rules.loader import load_rules, shipped_rules_dir
+from trainwarden.rules.testing import parse_test_file, run_files
 
 TESTS = sorted((shipped_rules_dir() / "tests").glob("*.yaml"))
 

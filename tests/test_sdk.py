@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from pipeline.events import SdkOp
-from pipeline.runtime.control import ControlServer, Incarnation
-from pipeline.sdk import job_monitor as jm
-from pipeline.sdk import protocol
+from trainwarden.events import SdkOp
+from trainwarden.runtime.control import ControlServer, Incarnation
+from trainwarden.sdk import job_monitor as jm
+from trainwarden.sdk import protocol
 
 
 class Engine:
@@ -122,7 +122,7 @@ def test_malformed_requests_are_refused_with_a_reason(raw, words):
 
 def test_importing_the_sdk_pulls_in_no_heavy_dependency():
     heavy = ("yaml", "msgspec", "rich", "chdb", "clickhouse_connect", "kafka", "jinja2")
-    code = ("import sys; import pipeline.sdk.job_monitor; "
+    code = ("import sys; import trainwarden.sdk.job_monitor; "
             f"print([m for m in sys.modules if m.split('.')[0] in {heavy!r}])")
     import subprocess
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

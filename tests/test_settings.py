@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.settings import (
+from trainwarden.settings import (
     C4DLogLevel,
     ExecutionMode,
     FaultTolerantPolicy,

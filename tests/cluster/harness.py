@@ -6,14 +6,14 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.bus import topic_specs
-from pipeline.events import Decision, LogLine
-from pipeline.rules.loader import load_rules
-from pipeline.services.actuator_service import ActuatorService
-from pipeline.services.agent import Agent
-from pipeline.services.follow import Follower, submit
-from pipeline.services.processor import Processor
-from pipeline.store import open_writer
+from trainwarden.bus import topic_specs
+from trainwarden.events import Decision, LogLine
+from trainwarden.rules.loader import load_rules
+from trainwarden.services.actuator_service import ActuatorService
+from trainwarden.services.agent import Agent
+from trainwarden.services.follow import Follower, submit
+from trainwarden.services.processor import Processor
+from trainwarden.store import open_writer
 
 
 class Service:

@@ -27,7 +27,7 @@ class ServiceProcesses:
         self.procs: dict[str, subprocess.Popen] = {}
         # Topics of its own: no job, node or committed offset of another test can reach it.
         self.topic_prefix = f"twt{uuid.uuid4().hex[:8]}"
-        self.env = dict(os.environ, TRAINWARDEN_KAFKA=bootstrap, PYTHONPATH=str(ROOT),
+        self.env = dict(os.environ, TRAINWARDEN_KAFKA=bootstrap, PYTHONPATH=str(ROOT / "pipeline"),
                         TRAINWARDEN_STORE=str(self.store), TRAINWARDEN_TOPIC_PREFIX=self.topic_prefix)
         subprocess.run([*TRAINWARDEN, "kafka", "init", "--partitions", "4"], env=self.env, cwd=ROOT, check=True,
                        capture_output=True, timeout=120)

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from pipeline.bus import open_bus
-from pipeline.diagnose.collect import find_tool
-from pipeline.bus.serde import encode
+from trainwarden.bus import open_bus
+from trainwarden.diagnose.collect import find_tool
+from trainwarden.bus.serde import encode
 from tests.cluster.processes import ServiceProcesses, behave, wait_for
 from tests.conftest import TRAINWARDEN
 

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from pipeline.bus.memory import MemoryBus
-from pipeline.events import DecisionKind
-from pipeline.jobspec import from_command
-from pipeline.store import open_reader
+from trainwarden.bus.memory import MemoryBus
+from trainwarden.events import DecisionKind
+from trainwarden.jobspec import from_command
+from trainwarden.store import open_reader
 from tests.cluster.harness import LocalCluster
 from tests.e2e.helpers import BEHAVE
 
@@ -62,7 +62,7 @@ def kafka_cluster(tmp_path):
     bootstrap = os.environ.get("TRAINWARDEN_KAFKA")
     if not bootstrap:
         pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
-    from pipeline.bus.kafka import KafkaBus
+    from trainwarden.bus.kafka import KafkaBus
 
     c = LocalCluster(KafkaBus(bootstrap, client_id=f"test-{uuid.uuid4().hex[:6]}"), tmp_path)
     yield c

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import standardwebhooks
 
-from pipeline.diagnose.collect import find_tool
+from trainwarden.diagnose.collect import find_tool
 
 from tests.cluster.processes import wait_for
 from tests.cluster.test_cluster_kafka import NCCL, _finish, _submit, bootstrap, services  # noqa: F401 - fixtures

@@ -42,8 +42,8 @@ def load_documents(path: Path) -> list[Any]:
 
 
 def cli_subcommands() -> dict[str, argparse.ArgumentParser]:
-    """The subcommands that pipeline.cli.main.build_parser() has today."""
-    from pipeline.cli.main import build_parser
+    """The subcommands that trainwarden.cli.main.build_parser() has today."""
+    from trainwarden.cli.main import build_parser
 
     parser = build_parser()
     for action in parser._actions:  # argparse keeps subparsers only here
@@ -54,7 +54,7 @@ def cli_subcommands() -> dict[str, argparse.ArgumentParser]:
 
 def parse_cli(argv: list[str]) -> Optional[str]:
     """None when the real parser accepts ``trainwarden argv``, else its message."""
-    from pipeline.cli.main import build_parser
+    from trainwarden.cli.main import build_parser
 
     stderr = io.StringIO()
     try:

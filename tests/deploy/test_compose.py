@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from pipeline.store.server import parse_url
+from trainwarden.store.server import parse_url
 from tests.deploy.support import (
     COMPOSE,
     DEPLOY,
@@ -108,7 +108,7 @@ def test_trainwarden_services_run_a_known_subcommand_with_arguments_the_cli_acce
     assert argv[1] in KNOWN_SUBCOMMANDS
     assert _flag(argv, "--bootstrap") == "kafka:9092"
     if argv[1] not in cli_subcommands():
-        pytest.skip(f"'trainwarden {argv[1]}' is not in pipeline.cli.main yet")
+        pytest.skip(f"'trainwarden {argv[1]}' is not in trainwarden.cli.main yet")
     assert parse_cli(argv[1:]) is None
 
 

@@ -219,7 +219,7 @@ def test_trainwarden_containers_run_a_known_trainwarden_subcommand(label, worklo
 def test_trainwarden_containers_pass_arguments_the_cli_accepts(label, workload, container):
     argv = _argv(container)[1:]
     if argv[0] not in cli_subcommands():
-        pytest.skip(f"'trainwarden {argv[0]}' is not in pipeline.cli.main yet")
+        pytest.skip(f"'trainwarden {argv[0]}' is not in trainwarden.cli.main yet")
     resolved = [re.sub(r"\$\((\w+)\)", lambda m: _env_value(workload, container, m.group(1)), word) for word in argv]
     error = parse_cli(resolved)
     assert error is None, f"{label}: trainwarden {' '.join(resolved)}: {error}"
@@ -344,7 +344,7 @@ def test_the_generated_config_maps_are_what_the_generator_writes():
 
 
 def test_the_rules_config_map_mounted_as_kubernetes_does_loads_as_the_rule_pack(tmp_path):
-    from pipeline.rules.loader import load_rules
+    from trainwarden.rules.loader import load_rules
 
     # A ConfigMap volume: a timestamped directory, a ..data link to it, and
     # one link per key to ..data/key.

@@ -15,11 +15,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline.bus import base
-from pipeline.bus.messages import DeadLetterMessage, WireLogLine
-from pipeline.bus.serde import decode
-from pipeline.jobspec import JOB_ID_RE
-from pipeline.runtime import local
+from trainwarden.bus import base
+from trainwarden.bus.messages import DeadLetterMessage, WireLogLine
+from trainwarden.bus.serde import decode
+from trainwarden.jobspec import JOB_ID_RE
+from trainwarden.runtime import local
 from tests.deploy.support import (
     VECTOR_CONFIG,
     VECTOR_TESTS,
@@ -62,7 +62,7 @@ def _remap_object(config: dict, name: str) -> dict[str, str]:
 
 
 def _agent_path(log_dir: str, job_id: str, instance: str, round_: int, start: int, stream: str) -> str:
-    # As pipeline/services/agent.py names an incarnation's output file.
+    # As pipeline/trainwarden/services/agent.py names an incarnation's output file.
     return str(Path(log_dir) / job_id / instance / f"r{round_}-s{start}.{stream}.log")
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import standardwebhooks
 
-from pipeline.store import open_reader
+from trainwarden.store import open_reader
 from tests.conftest import ROOT, TRAINWARDEN
 from tests.e2e.helpers import BEHAVE
 from tests.notify.conftest import ENV, SECRET, receiver, subscription_yaml  # noqa: F401 - receiver is a fixture
@@ -27,7 +27,7 @@ def _diagnoses(store, job_id):
 
 
 def _run_with_channel(store, job_id, c4d_log, lines, *behave, extra=(), extra_env=None):
-    env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT), **(extra_env or {}))
+    env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT / "pipeline"), **(extra_env or {}))
     proc = subprocess.Popen([*TRAINWARDEN, "run", "--job-id", job_id, "--nproc", "2", "--args", ARGS,
                              "--c4d-log", str(c4d_log), "--stop-grace", "1", *extra, "--", sys.executable, BEHAVE,
                              *behave],

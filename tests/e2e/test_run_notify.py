@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import standardwebhooks
 
-from pipeline.diagnose.collect import find_tool
+from trainwarden.diagnose.collect import find_tool
 from tests.e2e.helpers import run_behave
 from tests.notify.conftest import ENV, SECRET, receiver, subscription_yaml  # noqa: F401 - receiver is a fixture
 

@@ -45,7 +45,7 @@ def test_every_line_is_cut_at_16_kib_even_when_it_arrives_in_one_read(cli, job_i
 
 
 def test_sighup_stops_every_instance_like_sigterm(store, job_id, cli):
-    env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT / "pipeline"))
     proc = subprocess.Popen([*TRAINWARDEN, "run", "--job-id", job_id, "--nproc", "2", "--stop-grace", "1", "--",
                              sys.executable, BEHAVE, "--steps", "1000", "--step-s", "0.1"],
                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -102,12 +102,12 @@ def test_a_keyword_set_just_before_a_crash_counts_for_that_crash(cli, job_id, hi
 
 
 def test_an_engine_error_fails_the_job_with_that_reason_and_keeps_the_event(tmp_path, monkeypatch, job_id):
-    from pipeline import engine
-    from pipeline.jobspec import from_command
-    from pipeline.rules.loader import load_rules
-    from pipeline.services import embedded
-    from pipeline.events import InstanceExited
-    from pipeline.store import open_reader, open_writer
+    from trainwarden import engine
+    from trainwarden.jobspec import from_command
+    from trainwarden.rules.loader import load_rules
+    from trainwarden.services import embedded
+    from trainwarden.events import InstanceExited
+    from trainwarden.store import open_reader, open_writer
 
     real_step = engine.step
 

@@ -67,7 +67,7 @@ def test_a_crashed_instances_data_loader_children_do_not_survive(cli, job_id):
 
 
 def test_sigterm_to_trainwarden_stops_every_instance_and_records_the_job(store, job_id, cli):
-    env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT / "pipeline"))
     proc = subprocess.Popen([*TRAINWARDEN, "run", "--job-id", job_id, "--nproc", "2", "--stop-grace", "1", "--",
                              sys.executable, BEHAVE, "--child", "--steps", "1000", "--step-s", "0.1"],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -84,7 +84,7 @@ def test_sigterm_to_trainwarden_stops_every_instance_and_records_the_job(store, 
 
 
 def test_the_history_can_be_read_while_the_job_is_running(store, job_id, cli):
-    env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT / "pipeline"))
     proc = subprocess.Popen([*TRAINWARDEN, "run", "--job-id", job_id, "--nproc", "2", "--stop-grace", "1",
                              "--args", "--enable-job-restart=True", "--", sys.executable, BEHAVE,
                              "--fail-rank", "1", "--fail-rounds", "0", "--fail-code", "137",

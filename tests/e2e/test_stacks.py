@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.diagnose.collect import find_tool
+from trainwarden.diagnose.collect import find_tool
 
 pytestmark = pytest.mark.e2e
 STUCK = str(Path(__file__).parent / "programs" / "stuck.py")

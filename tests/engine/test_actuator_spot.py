@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.actuator import Actuator
-from pipeline.store.records import FaultRecord, SpotTransition
+from trainwarden.actuator import Actuator
+from trainwarden.store.records import FaultRecord, SpotTransition
 from tests.engine.test_spot import SpotJob, offer
 
 

@@ -4,7 +4,7 @@ import ast
 import copy
 import pathlib
 
-from pipeline.events import DecisionKind, ErrorSource, InstanceStarted, Reason, SdkOp
+from trainwarden.events import DecisionKind, ErrorSource, InstanceStarted, Reason, SdkOp
 from tests.builders import Job
 
 RESTARTS = "--enable-job-restart=True"
@@ -35,7 +35,7 @@ def test_exits_of_a_stopped_round_are_stale_and_ignored():
     [restart] = job.at(1).exit("worker-0", 137)
     assert restart.kind is DecisionKind.RESTART_JOB and job.state.round == 1
     # worker-1 of round 0 dies as the actuator stops it: not a new fault.
-    from pipeline.events import InstanceExited
+    from trainwarden.events import InstanceExited
     assert job.feed(InstanceExited(job_id="job-1", time=job.now, instance="worker-1", round=0, start=0,
                                    exit_code=143)) == []
     assert job.state.stale_events == 1
@@ -53,7 +53,7 @@ def test_a_failure_decision_carries_code_message_source_and_category():
 def test_a_custom_message_from_a_stale_incarnation_is_still_delivered():
     job = Job(RESTARTS)
     job.at(1).exit("worker-0", 137)
-    from pipeline.events import SdkMessage
+    from trainwarden.events import SdkMessage
     [d] = job.feed(SdkMessage(job_id="job-1", time=job.now, instance="worker-1", round=0, start=0,
                               op=SdkOp.CUSTOM_MESSAGE, content="late NaN"))
     assert d.kind is DecisionKind.NOTIFY and d.reason is Reason.CUSTOM_MESSAGE
@@ -74,12 +74,12 @@ def test_step_does_not_change_a_snapshot_taken_before_it():
 
 
 def test_the_core_modules_import_no_io_and_read_no_clock():
-    root = pathlib.Path(__file__).resolve().parents[2] / "pipeline"
+    root = pathlib.Path(__file__).resolve().parents[2] / "pipeline" / "trainwarden"
     core = [*root.joinpath("engine").glob("*.py"), *root.joinpath("rules").glob("*.py"),
             root / "classify.py", root / "settings.py", root / "events.py"]
     forbidden = {"time", "datetime", "socket", "subprocess", "threading", "os", "selectors", "asyncio",
-                 "pipeline.runtime", "pipeline.store", "pipeline.services", "pipeline.cli", "pipeline.bus",
-                 "pipeline.notify", "pipeline.actuator"}
+                 "trainwarden.runtime", "trainwarden.store", "trainwarden.services", "trainwarden.cli", "trainwarden.bus",
+                 "trainwarden.notify", "trainwarden.actuator"}
     for path in core:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):

@@ -3,8 +3,8 @@ and at the first tick at or after it."""
 
 import pytest
 
-from pipeline.engine import next_deadline
-from pipeline.events import DecisionKind, Reason, SdkOp
+from trainwarden.engine import next_deadline
+from trainwarden.events import DecisionKind, Reason, SdkOp
 from tests.builders import T0, Job
 
 HANG = "--enable-job-restart=True --enable-job-hang-detection=True --job-hang-interval=60"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.engine import start_job, step
-from pipeline.engine.state import InstanceStatus, SpotPhase
-from pipeline.engine.virtual import instance_specs
-from pipeline.events import (
+from trainwarden.engine import start_job, step
+from trainwarden.engine.state import InstanceStatus, SpotPhase
+from trainwarden.engine.virtual import instance_specs
+from trainwarden.events import (
     DecisionKind,
     Diagnosis,
     ErrorSource,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.events import Decision, InstanceStarted, SdkMessage, SdkOp
-from pipeline.notify import MemoryDeliveryLog, Notifier, load_subscriptions
+from trainwarden.events import Decision, InstanceStarted, SdkMessage, SdkOp
+from trainwarden.notify import MemoryDeliveryLog, Notifier, load_subscriptions
 from tests.builders import Job
 from tests.notify.receiver import Receiver
 

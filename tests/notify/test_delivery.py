@@ -7,8 +7,8 @@ import time
 import pytest
 import standardwebhooks
 
-from pipeline.notify import NotifierSettings, read_delivery_log, sample_event
-from pipeline.notify.transport import attempt, parse_retry_after
+from trainwarden.notify import NotifierSettings, read_delivery_log, sample_event
+from trainwarden.notify.transport import attempt, parse_retry_after
 from tests.notify.conftest import ENV, SECRET, crash_then_nan_decisions, subscription_yaml
 from tests.notify.receiver import HANG
 
@@ -154,7 +154,7 @@ def test_secrets_never_reach_the_delivery_log_the_log_file_or_the_logs(receiver,
                                                                          caplog):
     leak = f"echo: token-value-never-logged {SECRET}".encode()
     hook = receiver([500], default=400, body=leak)
-    from pipeline.notify import JsonlDeliveryLog
+    from trainwarden.notify import JsonlDeliveryLog
 
     path = tmp_path / "deliveries.jsonl"
     notifier = notifier_for(subs_dir(subscription_yaml("ops", hook.url)), log=JsonlDeliveryLog(path))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.notify import QueueError, read_delivery_log, sample_event
-from pipeline.notify.events import EVENT_TYPES
+from trainwarden.notify import QueueError, read_delivery_log, sample_event
+from trainwarden.notify.events import EVENT_TYPES
 from tests.notify.conftest import ENV, subscription_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def test_a_notifier_killed_mid_retry_delivers_every_event_and_repeats_none_it_ha
     hook = receiver([503, 503, 503], delay=0.1)  # three failures first: the kill may land mid-retry
     directory = subs_dir(subscription_yaml("ops", hook.url, private=True))
     state = tmp_path / "state"
-    env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT / "pipeline")}
     count = 12
 
     def run(mode):

@@ -7,8 +7,8 @@ import pathlib
 import msgspec
 import pytest
 
-from pipeline.events import Decision, DecisionKind, ErrorSource, Reason
-from pipeline.notify.events import (
+from trainwarden.events import Decision, DecisionKind, ErrorSource, Reason
+from trainwarden.notify.events import (
     EVENT_TYPES,
     MAX_DETAILS_BYTES,
     SCHEMA_VERSION,
@@ -130,10 +130,10 @@ def test_a_crash_and_a_nan_message_in_a_real_engine_run_become_restarted_custom_
 
 
 def test_the_event_module_is_pure():
-    path = pathlib.Path(__file__).resolve().parents[2] / "pipeline" / "notify" / "events.py"
-    forbidden = {"time", "socket", "subprocess", "threading", "os", "asyncio", "pipeline.runtime", "pipeline.store",
-                 "pipeline.services", "pipeline.cli", "pipeline.bus", "pipeline.notify.notifier",
-                 "pipeline.notify.transport", "pipeline.notify.queue"}
+    path = pathlib.Path(__file__).resolve().parents[2] / "pipeline" / "trainwarden" / "notify" / "events.py"
+    forbidden = {"time", "socket", "subprocess", "threading", "os", "asyncio", "trainwarden.runtime", "trainwarden.store",
+                 "trainwarden.services", "trainwarden.cli", "trainwarden.bus", "trainwarden.notify.notifier",
+                 "trainwarden.notify.transport", "trainwarden.notify.queue"}
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
         names = ([a.name for a in node.names] if isinstance(node, ast.Import)

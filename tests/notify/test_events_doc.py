@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.notify.events import EVENT_TYPES, SCHEMA_VERSION, sample_event
-from pipeline.notify.transport import sign
+from trainwarden.notify.events import EVENT_TYPES, SCHEMA_VERSION, sample_event
+from trainwarden.notify.transport import sign
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_PATH = ROOT / "docs" / "EVENTS.md"
-CONFIG_PATH = ROOT / "pipeline" / "notify" / "config.py"
+CONFIG_PATH = ROOT / "pipeline" / "trainwarden" / "notify" / "config.py"
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
 HEADING = re.compile(r"^(#{1,6}) (.+?)\s*$", re.M)

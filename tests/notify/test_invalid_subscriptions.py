@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.notify import load_subscriptions
-from pipeline.yamlsrc import ConfigError
+from trainwarden.notify import load_subscriptions
+from trainwarden.yamlsrc import ConfigError
 
 CASES = sorted((Path(__file__).parent / "invalid").glob("*.yaml"))
 

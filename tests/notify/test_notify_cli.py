@@ -6,8 +6,8 @@ from pathlib import Path
 
 import standardwebhooks
 
-from pipeline.notify import JsonlDeliveryLog, Notifier, load_subscriptions, sample_event
-from pipeline.store import open_writer
+from trainwarden.notify import JsonlDeliveryLog, Notifier, load_subscriptions, sample_event
+from trainwarden.store import open_writer
 from tests.notify.conftest import ENV, SECRET, subscription_yaml
 
 INVALID = Path(__file__).parent / "invalid"

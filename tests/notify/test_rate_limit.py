@@ -2,8 +2,8 @@
 
 import json
 
-from pipeline.events import Decision, DecisionKind, ErrorSource, Reason
-from pipeline.notify import events_from_decision
+from trainwarden.events import Decision, DecisionKind, ErrorSource, Reason
+from trainwarden.notify import events_from_decision
 from tests.notify.conftest import subscription_yaml
 
 T0 = 1_764_400_000.0

@@ -6,9 +6,9 @@ import textwrap
 import msgspec
 import pytest
 
-from pipeline.notify import load_subscriptions, missing_env, sample_event, shipped_notifications_dir
-from pipeline.notify.events import EVENT_TYPES, events_from_decision
-from pipeline.yamlsrc import ConfigError
+from trainwarden.notify import load_subscriptions, missing_env, sample_event, shipped_notifications_dir
+from trainwarden.notify.events import EVENT_TYPES, events_from_decision
+from trainwarden.yamlsrc import ConfigError
 from tests.notify.test_events import CASES
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.rules.loader import load_rules, shipped_rules_dir
-from pipeline.yamlsrc import ConfigError
+from trainwarden.rules.loader import load_rules, shipped_rules_dir
+from trainwarden.yamlsrc import ConfigError
 
 CASES = sorted((Path(__file__).parent / "invalid").glob("*.yaml"))
 

@@ -3,13 +3,13 @@ once per change however often its state topic is read."""
 
 from __future__ import annotations
 
-from pipeline.bus import NODES, topic_specs
-from pipeline.bus.memory import MemoryBus
-from pipeline.bus.messages import Heartbeat
-from pipeline.bus.serde import encode
-from pipeline.services.actuator_service import ActuatorService
-from pipeline.store import SpoolWriter
-from pipeline.store.embedded import EmbeddedStore
+from trainwarden.bus import NODES, topic_specs
+from trainwarden.bus.memory import MemoryBus
+from trainwarden.bus.messages import Heartbeat
+from trainwarden.bus.serde import encode
+from trainwarden.services.actuator_service import ActuatorService
+from trainwarden.store import SpoolWriter
+from trainwarden.store.embedded import EmbeddedStore
 
 T0 = 1_800_000_000.0
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from pipeline.bus.messages import Heartbeat
-from pipeline.services.nodes import Cluster, NoCapacity, NodeStatus
+from trainwarden.bus.messages import Heartbeat
+from trainwarden.services.nodes import Cluster, NoCapacity, NodeStatus
 
 
 def _beat(node, t, slots=2, leaving=False):

@@ -2,14 +2,14 @@
 
 import json
 
-from pipeline.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, topic_specs
-from pipeline.bus.memory import MemoryBus
-from pipeline.bus.messages import Line, LogBatch
-from pipeline.bus.serde import decode, encode
-from pipeline.engine.virtual import instance_specs
-from pipeline.events import DecisionKind, InstanceExited, InstanceStarted, JobSubmitted, Stream
-from pipeline.rules.loader import load_rules
-from pipeline.services.processor import Processor
+from trainwarden.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, topic_specs
+from trainwarden.bus.memory import MemoryBus
+from trainwarden.bus.messages import Line, LogBatch
+from trainwarden.bus.serde import decode, encode
+from trainwarden.engine.virtual import instance_specs
+from trainwarden.events import DecisionKind, InstanceExited, InstanceStarted, JobSubmitted, Stream
+from trainwarden.rules.loader import load_rules
+from trainwarden.services.processor import Processor
 
 T0 = 1_800_000_000.0
 

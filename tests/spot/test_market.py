@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.events import Offer
-from pipeline.spot import market as market_mod
-from pipeline.spot.market import TraceMarket, open_market, register_provider
-from pipeline.spot.poller import MarketPoller
-from pipeline.yamlsrc import ConfigError
+from trainwarden.events import Offer
+from trainwarden.spot import market as market_mod
+from trainwarden.spot.market import TraceMarket, open_market, register_provider
+from trainwarden.spot.poller import MarketPoller
+from trainwarden.yamlsrc import ConfigError
 
 HEAD = """\
 pools:

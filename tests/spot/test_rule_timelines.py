@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.rules.testing import parse_test_file, run_files
-from pipeline.yamlsrc import ConfigError
+from trainwarden.rules.testing import parse_test_file, run_files
+from trainwarden.yamlsrc import ConfigError
 from tests.conftest import ROOT
 
 HEAD = f"rule_files: {ROOT / 'rules'}\ntests:\n  - name: t\n    roles: {{worker: 1}}\n"

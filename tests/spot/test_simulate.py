@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from pipeline.jobspec import load_job_file
-from pipeline.rules.loader import load_rules
-from pipeline.spot.market import TraceMarket
-from pipeline.spot.simulate import Failure, load_failures, simulate
-from pipeline.spot.spec import check_bids
-from pipeline.spot.synthetic import write_trace
-from pipeline.yamlsrc import ConfigError
+from trainwarden.jobspec import load_job_file
+from trainwarden.rules.loader import load_rules
+from trainwarden.spot.market import TraceMarket
+from trainwarden.spot.simulate import Failure, load_failures, simulate
+from trainwarden.spot.spec import check_bids
+from trainwarden.spot.synthetic import write_trace
+from trainwarden.yamlsrc import ConfigError
 from tests.conftest import ROOT
 
 JOB = ROOT / "examples" / "spot-job.yaml"

@@ -6,10 +6,10 @@ import textwrap
 
 import pytest
 
-from pipeline.jobspec import load_job_file
-from pipeline.spot.market import TraceMarket
-from pipeline.spot.spec import check_bids
-from pipeline.yamlsrc import ConfigError
+from trainwarden.jobspec import load_job_file
+from trainwarden.spot.market import TraceMarket
+from trainwarden.spot.spec import check_bids
+from trainwarden.yamlsrc import ConfigError
 
 MARKET = """\
 pools:

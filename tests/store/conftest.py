@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from pipeline.store import SpoolWriter
+from trainwarden.store import SpoolWriter
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ class Backend:
 
 
 def _embedded(tmp_path) -> Backend:
-    from pipeline.store.embedded import EmbeddedStore
+    from trainwarden.store.embedded import EmbeddedStore
 
     directory = tmp_path / "store"
     return Backend("embedded", SpoolWriter(directory), lambda: EmbeddedStore(directory))
@@ -38,7 +38,7 @@ def _connect_chdb(tmp_path) -> Backend:
     # SQL) against clickhouse-connect's in-process chDB interface: no server needed.
     import clickhouse_connect
 
-    from pipeline.store.server import ServerStore
+    from trainwarden.store.server import ServerStore
 
     client = clickhouse_connect.get_client(interface="chdb", path=str(tmp_path / "connect-chdb"))
     store = ServerStore("chdb (clickhouse-connect)", client=client, database="trainwarden_test")
@@ -48,7 +48,7 @@ def _connect_chdb(tmp_path) -> Backend:
 def _server(tmp_path, url: str) -> Backend:
     import clickhouse_connect
 
-    from pipeline.store.server import PASSWORD_ENV, ServerStore, parse_url
+    from trainwarden.store.server import PASSWORD_ENV, ServerStore, parse_url
 
     parts = urlsplit(url)
     database = f"trainwarden_test_{uuid.uuid4().hex[:10]}"
@@ -102,7 +102,7 @@ def clickhouse_server_url():
                     "to run the ServerStore tests against a server")
     from testcontainers.community.clickhouse import ClickHouseContainer
 
-    from pipeline.store.server import PASSWORD_ENV
+    from trainwarden.store.server import PASSWORD_ENV
 
     image = os.environ.get("TRAINWARDEN_CLICKHOUSE_IMAGE", "clickhouse/clickhouse-server:25.8")
     with ClickHouseContainer(image) as server:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from pipeline.store.records import DeadLetter, FaultRecord, JobRecord, RestartStages
+from trainwarden.store.records import DeadLetter, FaultRecord, JobRecord, RestartStages
 
 T0 = 1_700_000_000.123
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import dashboards
-from pipeline.store import SpoolWriter, analytics
-from pipeline.store.embedded import EmbeddedStore
-from pipeline.store.macros import ALL, TimeRange, expand_grafana, variables_used
+from trainwarden import dashboards
+from trainwarden.store import SpoolWriter, analytics
+from trainwarden.store.embedded import EmbeddedStore
+from trainwarden.store.macros import ALL, TimeRange, expand_grafana, variables_used
 from tests.history_seed import JOB_A, JOB_B, seed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def seeded(tmp_path_factory):
 def test_the_committed_dashboard_is_exactly_what_the_product_queries_build(name):
     committed = (ROOT / "dashboards" / name).read_text("utf-8")
     assert committed == dashboards.render(dashboards.DASHBOARDS[name]), (
-        f"dashboards/{name} is stale: run `.venv/bin/python -m pipeline.dashboards`")
+        f"dashboards/{name} is stale: run `.venv/bin/python -m trainwarden.dashboards`")
 
 
 def test_dashboards_have_unique_uids_titles_and_unique_panel_ids_on_a_valid_grid():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.store.macros import MacroError, TimeRange, expand_grafana, interpolate, to_parameters
+from trainwarden.store.macros import MacroError, TimeRange, expand_grafana, interpolate, to_parameters
 
 RANGE = TimeRange(from_ms=1_415_792_726_123, to_ms=1_447_328_726_999, interval_ms=20_000)
 

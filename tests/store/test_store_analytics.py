@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.store import analytics
+from trainwarden.store import analytics
 from tests.history_seed import JOB_A, JOB_B, seed
 
 

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.store import (HistoryReader, HistoryWriter, SpoolWriter, StoreError, default_store_dir, open_reader,
+from trainwarden.store import (HistoryReader, HistoryWriter, SpoolWriter, StoreError, default_store_dir, open_reader,
                             open_writer, register_scheme)
-from pipeline.store.queries import param_text, quote_identifier
-from pipeline.store.server import PASSWORD_ENV, ServerStore, parse_url
+from trainwarden.store.queries import param_text, quote_identifier
+from trainwarden.store.server import PASSWORD_ENV, ServerStore, parse_url
 from tests.store.store_factories import fault
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_directory_opens_the_embedded_store_and_its_spool(store_dir):
-    from pipeline.store.embedded import EmbeddedStore
+    from trainwarden.store.embedded import EmbeddedStore
 
     writer, reader = open_writer(store_dir), open_reader(str(store_dir), wait_s=5)
     assert isinstance(writer, SpoolWriter) and isinstance(writer, HistoryWriter)
@@ -60,7 +60,7 @@ def test_an_unknown_scheme_names_the_known_ones():
 
 
 def test_a_registered_scheme_opens_with_its_factories(monkeypatch):
-    import pipeline.store as store
+    import trainwarden.store as store
 
     monkeypatch.setattr(store, "_SCHEMES", dict(store._SCHEMES))
     opened = []
@@ -91,10 +91,10 @@ def test_a_store_error_carries_its_sentence_and_hint():
 
 
 def test_writing_loads_neither_chdb_nor_clickhouse_connect(store_dir):
-    script = ("import sys; from pipeline.store import open_writer; from pipeline.store.records import DeadLetter;"
+    script = ("import sys; from trainwarden.store import open_writer; from trainwarden.store.records import DeadLetter;"
               f"open_writer({str(store_dir)!r}).write([DeadLetter(1.0, 's', 'j', 'e', 'p')]);"
               "print('chdb' in sys.modules, 'clickhouse_connect' in sys.modules)")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "pipeline"))
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.store import SpoolWriter, StoreError
-from pipeline.store.embedded import EmbeddedStore
+from trainwarden.store import SpoolWriter, StoreError
+from trainwarden.store.embedded import EmbeddedStore
 from tests.store.store_factories import fault
 
 REPO = Path(__file__).resolve().parents[2]
 
 WRITER = textwrap.dedent("""
     import sys, time
-    from pipeline.store import open_writer
-    from pipeline.store.records import FaultRecord
+    from trainwarden.store import open_writer
+    from trainwarden.store.records import FaultRecord
     writer = open_writer(sys.argv[1])
     end = time.monotonic() + float(sys.argv[2])
     n = 0
@@ -38,7 +38,7 @@ WRITER = textwrap.dedent("""
 
 READER = textwrap.dedent("""
     import sys
-    from pipeline.store import open_reader
+    from trainwarden.store import open_reader
     counts = []
     for _ in range(int(sys.argv[2])):
         counts.append(len(open_reader(sys.argv[1]).faults()))
@@ -47,7 +47,7 @@ READER = textwrap.dedent("""
 
 
 def _spawn(script: str, *args: object) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "pipeline") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen([sys.executable, "-c", script, *map(str, args)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.store.store_factories import T0, fault, job, letter, replace, stages
-from pipeline.store.records import FAULT_FIELDS
-from pipeline.store.schema import table_of
+from trainwarden.store.records import FAULT_FIELDS
+from trainwarden.store.schema import table_of
 
 
 def test_written_records_are_read_back_with_every_field_unchanged(backend):

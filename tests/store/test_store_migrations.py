@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.store import migrate, queries
-from pipeline.store.embedded import EmbeddedStore
-from pipeline.store.schema import TABLES
+from trainwarden.store import migrate, queries
+from trainwarden.store.embedded import EmbeddedStore
+from trainwarden.store.schema import TABLES
 from tests.store.store_factories import fault
 
 LATEST = max(m.version for m in migrate.load())

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from pipeline.store import SpoolWriter, StoreError
-from pipeline.store.embedded import EmbeddedStore
-from pipeline.store.spool import pending_segments
+from trainwarden.store import SpoolWriter, StoreError
+from trainwarden.store.embedded import EmbeddedStore
+from trainwarden.store.spool import pending_segments
 from tests.store.store_factories import T0, fault, job, letter, replace, stages
 
 

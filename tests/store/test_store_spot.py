@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from pipeline.store.records import SpotTransition
+from trainwarden.store.records import SpotTransition
 from tests.store.store_factories import T0
 
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from pipeline.sdk import job_monitor as jm
+from trainwarden.sdk import job_monitor as jm
 
 ENV = os.environ
 RANK = int(ENV.get("RANK", "0"))

@@ -1,5 +1,0 @@
-"""Spot (preemptible) capacity: bids in job files, market providers, simulation.
-
-The lifecycle itself (queue, preemption, requeue, resume, cost) is decided by
-the pure engine (``pipeline/engine/spot.py``) from ``MarketUpdate`` events.
-"""

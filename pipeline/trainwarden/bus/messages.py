@@ -1,0 +1,153 @@
+"""Messages that exist only on the bus (the engine's vocabulary is in
+``trainwarden.events``). Field names are the wire format; see docs/MESSAGES.md."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import msgspec
+
+from trainwarden.events import Decision, InstanceSpec, JobSpec, Stream
+
+
+class Line(msgspec.Struct, frozen=True, array_like=True):
+    """One output line: [time, stream, text] on the wire, to keep batches small."""
+
+    time: float
+    stream: Stream
+    text: str
+
+
+class LogBatch(msgspec.Struct, frozen=True, tag="log_batch"):
+    """Output lines of one instance incarnation, in order (from an agent)."""
+
+    job_id: str
+    node: str
+    instance: str
+    round: int
+    start: int
+    lines: tuple[Line, ...]
+
+
+class WireLogLine(msgspec.Struct, frozen=True, tag="log_line"):
+    """One output line, as Vector ships it from an agent's log file."""
+
+    job_id: str
+    node: str
+    instance: str
+    round: int
+    start: int
+    time: float
+    text: str
+    stream: Stream = Stream.STDOUT
+
+
+class DecisionRecord(msgspec.Struct, frozen=True, tag="decision_record"):
+    """The processor's own decision, written into the job's event partition so
+    that a replay meets it in order with the events that followed it."""
+
+    decision: Decision
+    # Offset of the last event of this partition processed before deciding:
+    # where a replay applies a timer's decision.
+    after_offset: int = -1
+
+
+class RunningInstance(msgspec.Struct, frozen=True):
+    job_id: str
+    instance: str
+    round: int
+    start: int
+    pid: int = 0
+
+
+class Heartbeat(msgspec.Struct, frozen=True, tag="heartbeat"):
+    node: str
+    time: float
+    slots: int
+    running: tuple[RunningInstance, ...] = ()
+    address: str = "127.0.0.1"
+    leaving: bool = False  # the agent is shutting down on purpose
+
+
+class StartInstance(msgspec.Struct, frozen=True, tag="start_instance"):
+    node: str
+    job_id: str
+    action_id: str
+    instance: InstanceSpec
+    round: int
+    start: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str = ""
+    max_restarts: int = 0
+
+
+class StopInstances(msgspec.Struct, frozen=True, tag="stop_instances"):
+    node: str
+    job_id: str
+    action_id: str
+    instances: tuple[str, ...]  # empty: every instance of the job on this node
+    grace_s: float = 10.0
+    # (instance, round, start) to stop exactly these incarnations; empty:
+    # whatever incarnation of the named instances runs when the command arrives.
+    incarnations: tuple[tuple[str, int, int], ...] = ()
+    # A hung job: dump the instances' stacks before stopping them, and send
+    # them (stack_dumps) under this report id.
+    snapshot_report: str = ""
+
+
+class StackDumps(msgspec.Struct, frozen=True, tag="stack_dumps"):
+    """One node's stack dumps of a hung job's instances, for the actuator's report."""
+
+    node: str
+    job_id: str
+    report_id: str
+    time: float
+    dumps_json: str  # [{"pid", "instance", "tool", "threads": [{"id", "name", "main", "frames": [[f, file, line]]}]}]
+    missing: tuple[str, ...] = ()
+
+
+class StackReportReady(msgspec.Struct, frozen=True, tag="stack_report_ready"):
+    """The actuator built a hung job's stack report (the whole report is in the
+    history); the notifier attaches this summary to the hang notification."""
+
+    report_id: str  # the hang decision's action id
+    job_id: str
+    time: float
+    tool: str
+    processes: int
+    groups: int
+    suspects: tuple[str, ...]
+    verdict: str
+    missing: tuple[str, ...] = ()
+
+
+class ActionDone(msgspec.Struct, frozen=True, tag="action_done"):
+    action_id: str
+    job_id: str
+    time: float
+    kind: str
+    spec: Optional[JobSpec] = None  # START_JOB keeps the job's spec for later restarts
+    instances: tuple[InstanceSpec, ...] = ()
+    settings_args: str = ""
+
+
+class NodeState(msgspec.Struct, frozen=True, tag="node_state"):
+    node: str
+    state: str  # ready, isolated
+    time: float
+    reason: str = ""
+
+
+class DeadLetterMessage(msgspec.Struct, frozen=True, tag="dead_letter"):
+    time: float
+    service: str
+    topic: str
+    partition: int
+    offset: int
+    key: str
+    error: str
+    value: str  # the raw value, decoded with replacement and bounded

@@ -1,0 +1,111 @@
+"""Wire format of every bus message: JSON objects with a schema version ``v``
+and a ``type`` tag (docs/MESSAGES.md). Decoding never raises anything but
+DecodeError, whose reason goes to the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from trainwarden.bus.base import ACTUATOR_STATE, COMMANDS, DEAD_LETTERS, DECISIONS, EVENTS, LOGS, NODES
+from trainwarden.bus.messages import (
+    ActionDone,
+    DeadLetterMessage,
+    DecisionRecord,
+    Heartbeat,
+    LogBatch,
+    NodeState,
+    StackDumps,
+    StackReportReady,
+    StartInstance,
+    StopInstances,
+    WireLogLine,
+)
+from trainwarden.events import (
+    Decision,
+    Diagnosis,
+    InstanceActivity,
+    InstanceExited,
+    InstanceStarted,
+    JobSubmitted,
+    NodeLost,
+    SdkMessage,
+)
+
+SCHEMA_VERSION = 1
+# Far above any message we produce (log lines are cut at 16 KiB and batched),
+# below the broker's 16 MiB: anything larger is refused before decoding.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+EventMessage = Union[JobSubmitted, InstanceStarted, InstanceExited, SdkMessage, InstanceActivity, NodeLost, Diagnosis,
+                     DecisionRecord]
+LogMessage = Union[LogBatch, WireLogLine]
+CommandMessage = Union[StartInstance, StopInstances]
+ActuatorStateMessage = Union[ActionDone, NodeState, StackReportReady]
+NodeMessage = Union[Heartbeat, StackDumps]
+
+
+class DecodeError(ValueError):
+    pass
+
+
+class _Header(msgspec.Struct):
+    v: int = 0
+
+
+class _DecisionEnvelope(msgspec.Struct, tag="decision"):
+    decision: Decision
+
+
+_header = msgspec.json.Decoder(_Header)
+_decoders = {
+    EVENTS: msgspec.json.Decoder(EventMessage),
+    LOGS: msgspec.json.Decoder(LogMessage),
+    COMMANDS: msgspec.json.Decoder(CommandMessage),
+    DECISIONS: msgspec.json.Decoder(_DecisionEnvelope),
+    NODES: msgspec.json.Decoder(NodeMessage),
+    ACTUATOR_STATE: msgspec.json.Decoder(ActuatorStateMessage),
+    DEAD_LETTERS: msgspec.json.Decoder(DeadLetterMessage),
+}
+_encoder = msgspec.json.Encoder()
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    if isinstance(message, Decision):
+        message = _DecisionEnvelope(message)
+    body = _encoder.encode(message)
+    return b'{"v":%d,' % SCHEMA_VERSION + body[1:]
+
+
+def decode(kind: str, value: bytes) -> msgspec.Struct:
+    """Decode a message of one of our topics."""
+    if value is None:
+        raise DecodeError("the message has no value")
+    if len(value) > MAX_MESSAGE_BYTES:
+        raise DecodeError(f"the message is {len(value)} bytes; the most is {MAX_MESSAGE_BYTES}")
+    try:
+        version = _header.decode(value).v
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DecodeError(f"not a JSON object: {_short(exc)}") from None
+    if version != SCHEMA_VERSION:
+        raise DecodeError(f"schema version {version!r}; this Trainwarden reads version {SCHEMA_VERSION}")
+    try:
+        message = _decoders[kind].decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DecodeError(_short(exc)) from None
+    return message.decision if isinstance(message, _DecisionEnvelope) else message
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc)
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+def dead_letter(record, service: str, error: str, now: float) -> bytes:
+    """The dead-letter message for a bus record that could not take effect:
+    where it was, why, and its value (decoded with replacement, bounded)."""
+    value = record.value[:16384].decode("utf-8", errors="replace") if record.value else ""
+    return encode(DeadLetterMessage(time=now, service=service, topic=record.topic, partition=record.partition,
+                                    offset=record.offset, key=record.key, error=error[:2000], value=value))

@@ -1,0 +1,238 @@
+"""``trainwarden``: argument parsing and dispatch only.
+
+Exit codes: 0 success (``run``: the job succeeded), 1 failure (``run``: the
+job failed; ``rules test``: a test failed), 2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Optional, Sequence
+
+from trainwarden.cli.notify_cmd import add_notify_options
+from trainwarden.cli.output import fail
+from trainwarden.events import ErrorSource
+from trainwarden.settings import SettingsError
+from trainwarden.yamlsrc import ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one sentence and a hint, exit 2
+        sys.exit(fail(f"{message}.", hint=f"see '{self.prog} --help'"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trainwarden", description="Fault-tolerance engine for distributed training jobs.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    run = sub.add_parser("run", help="run a job on this machine, watched and restarted by the rules",
+                         description="trainwarden run JOB.yaml | trainwarden run [--nproc N] [--args ARGS] -- CMD ...")
+    run.add_argument("job_file", nargs="?", help="a job YAML file (or give the command after --)")
+    run.add_argument("--job-id", help="the job's id (default: made from the command and the time)")
+    run.add_argument("--nproc", type=int, default=1, help="instances of the command (role worker); default 1")
+    run.add_argument("--args", default=None, help='the arguments string, e.g. "--enable-job-restart=True"')
+    run.add_argument("--framework", default="pytorch", help="pytorch, mpi, tensorflow or elasticbatch")
+    run.add_argument("--stop-grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (default 10)")
+    _store_option(run)
+    run.add_argument("--rules", help="rules directory (default: the shipped rules)")
+    run.add_argument("--quiet", action="store_true", help="do not echo the instances' output")
+    run.add_argument("--stack-tools", default=os.environ.get("TRAINWARDEN_STACK_TOOLS", "py-spy,pystack"),
+                     help="tools for stack snapshots of a hung job, in order of preference (default py-spy,pystack;"
+                          " 'none' to skip)")
+    run.add_argument("--c4d-log", default=os.environ.get("TRAINWARDEN_C4D_LOG"),
+                     help="the C4D agent's log file on this machine: the trusted diagnostic channel")
+    run.add_argument("--stack-timeout", type=float, default=float(os.environ.get("TRAINWARDEN_STACK_TIMEOUT", 10)),
+                     help="seconds one process's stack dump may take (default 10)")
+    add_notify_options(run, drain=True)
+    run.add_argument("--market", default=os.environ.get("TRAINWARDEN_MARKET"),
+                     help="the spot market for a job with spot roles: a trace file or a registered provider URL")
+
+    history = sub.add_parser("history", help="fault records of one job or all jobs")
+    history.add_argument("--job", help="only this job")
+    history.add_argument("--aggregate", action="store_true",
+                         help="group by source, code, normalised message, node and instance")
+    history.add_argument("--jobs", action="store_true", help="list jobs instead of fault records")
+    history.add_argument("--stages", action="store_true", help="restart stage timings instead of fault records")
+    history.add_argument("--wide", action="store_true", help="also show reason, rule and category")
+    history.add_argument("--costs", action="store_true",
+                         help="spot jobs: what each paid against on-demand, preemptions, time queued")
+    history.add_argument("--spot", action="store_true",
+                         help="spot jobs: every lifecycle step (queued, running, requeued, ...) with its cost so far")
+    history.add_argument("--limit", type=_positive, default=None, help="at most this many rows (newest)")
+    history.add_argument("--json", action="store_true", help="JSON for machines")
+    history.add_argument("--since", type=_since, default=None,
+                         help="only faults since a duration ago (90s, 15m, 24h, 7d) or a UTC time (2026-01-31T12:00)")
+    history.add_argument("--node", help="only faults on this node")
+    history.add_argument("--source", choices=[s.value for s in ErrorSource], help="only faults of this error source")
+    _store_option(history)
+
+    classify = sub.add_parser("classify", help="the verdict the engine would reach for a failed instance's log")
+    classify.add_argument("file", help="a log file, or - for standard input")
+    classify.add_argument("--exit-code", type=_exit_code, default=1, help="the instance's exit code, 0-255 (default 1)")
+    classify.add_argument("--keyword", action="append", default=[],
+                          help="a custom retryable keyword, as set_retryable_errors would add (repeatable)")
+    classify.add_argument("--rules", help="rules directory (default: the shipped rules)")
+    classify.add_argument("--json", action="store_true", help="JSON for machines")
+
+    rules = sub.add_parser("rules", help="check and test rule files")
+    rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION", parser_class=_Parser)
+    rules_sub.required = True
+    validate = rules_sub.add_parser("validate", help="load a rules directory strictly and list its rules")
+    validate.add_argument("directory", nargs="?", help="rules directory (default: the shipped rules)")
+    validate.add_argument("--json", action="store_true")
+    test = rules_sub.add_parser("test", help="run rule unit tests (YAML timelines)")
+    test.add_argument("files", nargs="+", help="test files or directories of them")
+    test.add_argument("--rules", help="rules directory for every test file (default: each file's rule_files)")
+    test.add_argument("--json", action="store_true")
+
+    for module in _command_modules():
+        module.add_commands(sub)
+    return parser
+
+
+# Modules that add commands: each has add_commands(subparsers), a COMMANDS set
+# of the top-level names it adds, TAKES_COMMAND (those that accept a command
+# after '--'), and dispatch(args, command) -> exit code.
+
+COMMAND_MODULES = (
+    "trainwarden.cli.cluster_cmd",
+    "trainwarden.cli.diagnose_cmd",
+    "trainwarden.cli.store_cmd",
+    "trainwarden.cli.report_cmd",
+    "trainwarden.cli.notify_cmd",
+    "trainwarden.cli.spot_cmd",
+)
+
+
+def _command_modules():
+    import importlib
+
+    return [importlib.import_module(name) for name in COMMAND_MODULES]
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _since(text: str) -> float:
+    from trainwarden.store.analytics import since_seconds
+
+    try:
+        return since_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _exit_code(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"an exit code is from 0 to 255, not {value}")
+    return value
+
+
+def _raise_open_file_limit() -> None:
+    """Every instance takes pipes and sockets; a large job would otherwise hit
+    the soft limit (often 1024) and fail to start instances through no fault of theirs."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def _store_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", help="history store directory (default: $TRAINWARDEN_STORE or the "
+                                        "per-user state directory)")
+
+
+def _join_args_value(argv: list[str]) -> list[str]:
+    """``--args "--enable-job-restart=True"``: argparse would take the value for
+    an option of its own, so join it as ``--args=...``."""
+    joined: list[str] = []
+    index = 0
+    while index < len(argv):
+        if argv[index] == "--args" and index + 1 < len(argv):
+            joined.append("--args=" + argv[index + 1])
+            index += 2
+            continue
+        joined.append(argv[index])
+        index += 1
+    return joined
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
+    args = build_parser().parse_args(_join_args_value(argv))
+    _raise_open_file_limit()
+    # SIGTERM and SIGHUP (the terminal closed) end a run like Ctrl-C does:
+    # instances are stopped and the history is written.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.default_int_handler)
+    try:
+        return _dispatch(args, command)
+    except SettingsError as exc:
+        return fail(str(exc), exc.hint or "see the flag table in the README")
+    except ConfigError as exc:
+        return fail(str(exc), exc.hint)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a user sees one sentence, not a traceback
+        if os.environ.get("TRAINWARDEN_DEBUG"):
+            raise
+        return fail(f"internal error: {exc!r}", hint="this is a bug; rerun with TRAINWARDEN_DEBUG=1 for the "
+                    "traceback and report it", code=1)
+
+
+def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
+    from trainwarden.store import StoreError
+
+    try:
+        if args.command == "run":
+            from trainwarden.cli.run_cmd import cmd_run
+
+            return cmd_run(args, command)
+        for module in _command_modules():
+            if args.command in module.COMMANDS:
+                if command and args.command not in module.TAKES_COMMAND:
+                    return fail(f"'{args.command}' takes no command after '--'")
+                return module.dispatch(args, command)
+        if command:
+            return fail(f"'{args.command}' takes no command after '--'")
+        if args.command == "history":
+            from trainwarden.cli.history_cmd import cmd_history
+
+            return cmd_history(args)
+        from trainwarden.cli import rules_cmd
+
+        if args.command == "classify":
+            return rules_cmd.cmd_classify(args)
+        if args.rules_command == "validate":
+            return rules_cmd.cmd_validate(args)
+        return rules_cmd.cmd_test(args)
+    except StoreError as exc:
+        return fail(str(exc), getattr(exc, "hint", ""), code=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

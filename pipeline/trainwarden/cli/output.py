@@ -1,0 +1,135 @@
+"""Terminal output: tables with rich, JSON for machines, one-sentence errors."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from typing import Iterable, Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from trainwarden.events import Decision, DecisionKind, LogLine, Stream
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+# Piped output keeps whole rows rather than wrapping at rich's default of 80 columns.
+out_console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 220)
+
+
+def fail(message: str, hint: str = "", code: int = 2) -> int:
+    err_console.print(f"[bold red]trainwarden: error:[/] {_escape(message)}")
+    if hint:
+        err_console.print(f"[dim]hint: {_escape(hint)}[/]")
+    return code
+
+
+def _escape(text: str) -> str:
+    return escape(text)
+
+
+def iso(ts: float) -> str:
+    """UTC, to the millisecond, readable in a table."""
+    if not ts:
+        return ""
+    moment = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
+
+
+def print_json(data: object) -> None:
+    sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]], wide: Sequence[str] = ()) -> None:
+    """Columns named in ``wide`` may take the room left and are cut with an ellipsis."""
+    t = Table(title=title, title_justify="left", show_lines=False, header_style="bold", box=None, pad_edge=False)
+    for column in columns:
+        if column in wide:
+            t.add_column(column, overflow="ellipsis", no_wrap=True, max_width=90)
+        else:
+            t.add_column(column, no_wrap=True)
+    count = 0
+    for row in rows:
+        t.add_row(*("" if v is None else str(v) for v in row))
+        count += 1
+    if count == 0:
+        out_console.print(f"{title}: nothing recorded yet.")
+        return
+    out_console.print(t)
+
+
+_ACTION_STYLE = {
+    DecisionKind.RESTART_JOB: "yellow",
+    DecisionKind.RESTART_INSTANCE: "yellow",
+    DecisionKind.FAIL_JOB: "bold red",
+    DecisionKind.NOTIFY: "cyan",
+    DecisionKind.COMPLETE_JOB: "green",
+}
+
+
+_SPOT_STEPS = (DecisionKind.QUEUE_JOB, DecisionKind.START_JOB, DecisionKind.RESUME_JOB)
+
+
+def _cost_text(d: Decision) -> str:
+    c = d.cost
+    return (f"paid {c.paid:.4f} vs on-demand {c.on_demand:.4f}, held {c.held_s:.1f} s, queued {c.queued_s:.1f} s, "
+            f"{c.preemptions} preemptions")
+
+
+class ConsoleReporter:
+    """What ``trainwarden run`` prints: instance output with a ``[worker-1]``
+    prefix on stdout/stderr, and the engine's decisions on stderr."""
+
+    def __init__(self, quiet_output: bool = False):
+        self.quiet_output = quiet_output
+
+    def line(self, event: LogLine) -> None:
+        if self.quiet_output:
+            return
+        stream = sys.stderr if event.stream is Stream.STDERR else sys.stdout
+        try:
+            # Flushed by flush() when the run is idle or at a tick, not per line:
+            # a chatty job must not be slowed down by its own echo.
+            stream.write(f"[{event.instance}] {event.text}\n")
+        except (BrokenPipeError, ValueError, OSError):
+            self.quiet_output = True
+
+    def flush(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self.quiet_output = True
+
+    def decision(self, d: Decision) -> None:
+        self.flush()  # the instances' lines that led to it come first
+        style = _ACTION_STYLE.get(d.kind, "magenta")
+        if d.cost is not None and d.kind in _SPOT_STEPS:
+            err_console.print(f"[blue]trainwarden ▸ spot {d.kind.value}: {_escape(d.error_message)}[/] "
+                              f"[dim]round {d.round}, {_cost_text(d)}[/]")
+            return
+        if d.kind is DecisionKind.START_JOB:
+            return
+        if d.kind is DecisionKind.COMPLETE_JOB:
+            err_console.print(f"[{style}]trainwarden ▸ every instance finished: the job succeeded[/]"
+                              + (f" [dim]spot {_cost_text(d)}[/]" if d.cost is not None else ""))
+            return
+        if d.kind is DecisionKind.NOTIFY:
+            err_console.print(f"[{style}]trainwarden ▸ message from {d.instance}: {_escape(d.error_message)}[/]")
+            return
+        what = d.error_source.value if d.error_source else "job"
+        who = f"{d.instance} " if d.instance else ""
+        code = f" (exit code {d.error_code})" if d.error_code else ""
+        judged = f", {d.category} by {d.classifier}" if d.classifier and d.classifier != d.rule else ""
+        err_console.print(
+            f"[{style}]trainwarden ▸ {who}{what}{code}{judged} → {d.kind.value}[/] "
+            f"[dim]reason {d.reason.value}, rule {d.rule}, round {d.round}[/]")
+        if d.error_message:
+            err_console.print(f"[dim]  {_escape(d.error_message[:300])}[/]")
+        if d.cost is not None:
+            err_console.print(f"[dim]  spot {_cost_text(d)}[/]")
+
+    def info(self, text: str) -> None:
+        err_console.print(f"[dim]trainwarden ▸ {_escape(text)}[/]")

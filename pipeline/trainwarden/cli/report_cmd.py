@@ -1,0 +1,44 @@
+"""``trainwarden report --job ID -o report.html``: one job's history as a
+self-contained HTML page (pipeline/trainwarden/report.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from trainwarden.cli.output import fail, out_console
+from trainwarden.report import NoSuchJob, collect, render
+from trainwarden.store import default_store_dir, open_reader
+
+COMMANDS = frozenset({"report"})
+TAKES_COMMAND: frozenset = frozenset()
+
+
+def add_commands(sub) -> None:
+    report = sub.add_parser("report", help="one job's history as a self-contained HTML page",
+                            description="trainwarden report --job ID -o report.html")
+    report.add_argument("--job", required=True, help="the job to report on")
+    report.add_argument("-o", "--output", required=True, help="the HTML file to write ('-' for standard output)")
+    report.add_argument("--store", help="history store directory or ClickHouse URL (default: $TRAINWARDEN_STORE "
+                                        "or the per-user state directory)")
+
+
+def dispatch(args: argparse.Namespace, command: list[str]) -> int:
+    store = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+    try:
+        with open_reader(store) as reader:
+            page = render(collect(reader, args.job))
+    except NoSuchJob:
+        return fail(f"the history store {store} has no job {args.job!r}",
+                    hint="'trainwarden history --jobs' lists the jobs it has")
+    if args.output == "-":
+        out_console.file.write(page)
+        return 0
+    target = Path(args.output)
+    try:
+        target.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        return fail(f"cannot write --output {args.output}: {exc.strerror}", hint="give a writable path")
+    out_console.print(f"wrote {target} ({len(page) // 1024} KiB)", highlight=False)
+    return 0

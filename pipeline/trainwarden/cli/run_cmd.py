@@ -1,0 +1,93 @@
+"""``trainwarden run``: a job file or a command, on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+from trainwarden.cli.output import ConsoleReporter, err_console, fail
+from trainwarden.cli.notify_cmd import notify_options
+from trainwarden.diagnose.collect import tool_order
+from trainwarden.jobspec import from_command, load_job_file
+from trainwarden.notify.queue import QueueError
+from trainwarden.rules.loader import load_rules
+from trainwarden.services.embedded import EmbeddedRun
+from trainwarden.settings import parse_args_string
+from trainwarden.spot.market import open_market
+from trainwarden.spot.spec import check_bids
+from trainwarden.store import StoreError, default_store_dir, open_reader, open_writer
+from trainwarden.yamlsrc import ConfigError
+
+
+def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
+    if args.job_file and command:
+        return fail("give either a job file or a command after '--', not both")
+    if args.job_file:
+        for flag, value in (("--nproc", args.nproc != 1), ("--args", args.args is not None)):
+            if value:
+                return fail(f"{flag} goes with a command after '--'; a job file sets it itself",
+                            hint="edit the job file instead")
+        job = load_job_file(args.job_file, job_id=args.job_id)
+    else:
+        job = from_command(command, args.nproc, args.args or "", args.job_id, args.framework)
+    if args.stop_grace is not None:
+        if not 0 <= args.stop_grace <= 3600:
+            return fail("--stop-grace must be from 0 to 3600 seconds")
+        job = dataclasses.replace(job, stop_grace_s=args.stop_grace)
+    parse_args_string(job.args)  # already checked; repeated so a bad string can never start a job
+    market, bids = None, ()
+    if job.spot and not args.market:
+        return fail(f"the job has spot roles ({', '.join(b.role for b in job.spot)}) but no market",
+                    hint="give --market TRACE (a market trace file) or a registered provider URL")
+    if args.market and not job.spot:
+        return fail("--market is for jobs with spot roles", hint="add a 'spot' section to a role of the job file")
+    if job.spot:
+        market = open_market(args.market)
+        bids = check_bids(job.spot, market)
+    pack = load_rules(args.rules)
+    try:
+        notify = notify_options(args, job.job_id)
+    except ConfigError:
+        raise  # names file and line; main prints it
+    except ValueError as exc:
+        return fail(str(exc))
+    store_dir = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+    writer = open_writer(store_dir)
+    reporter = ConsoleReporter(quiet_output=args.quiet)
+    reporter.info(f"job {job.job_id}: {len(job.instances())} instances, history in {store_dir}")
+    try:
+        tools = () if args.stack_tools.strip().lower() == "none" else tool_order(args.stack_tools)
+    except ValueError as exc:
+        return fail(f"--stack-tools: {exc}", hint="for example --stack-tools=pystack,py-spy or --stack-tools=none")
+    if not 0.5 <= args.stack_timeout <= 300:
+        return fail("--stack-timeout must be from 0.5 to 300 seconds")
+    try:
+        result = EmbeddedRun(job, pack, writer, reporter, stack_tools=tools, stack_timeout_s=args.stack_timeout,
+                             c4d_log=args.c4d_log, notify=notify, market=market, spot=bids).run()
+    except QueueError as exc:
+        return fail(str(exc), hint="give this run its own --notify-dir, or wait for the other one to finish")
+    _compact(store_dir)
+    colour = "green" if result.exit_code == 0 else "red"
+    extra = f", {result.dead_letters} dead letters" if result.dead_letters else ""
+    for key, label in (("truncated_lines", "lines cut at 16 KiB"), ("non_utf8_lines", "lines with invalid UTF-8"),
+                       ("stale_lines_dropped", "lines of stopped instances dropped"),
+                       ("escaped_processes_killed", "escaped child processes killed")):
+        if result.counters.get(key):
+            extra += f", {result.counters[key]} {label}"
+    err_console.print(f"[{colour}]trainwarden ▸ job {result.job_id} {result.status}[/]"
+                      + (f" ({result.reason})" if result.reason else "")
+                      + f"; {result.rounds} job restarts{extra}. "
+                      + f"History: trainwarden history --job {result.job_id}"
+                      + (f" --store {store_dir}" if args.store else ""))
+    return result.exit_code
+
+
+def _compact(store_dir: str) -> None:
+    """Move this run's spooled records into the database now, if nobody else
+    holds the store; otherwise the next reader does it."""
+    try:
+        with open_reader(store_dir, wait_s=2.0):
+            pass  # opening ingests the spool
+    except StoreError:
+        pass

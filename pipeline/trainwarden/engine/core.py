@@ -1,0 +1,239 @@
+"""The decision core: ``step(state, event, now) -> (state, decisions)``.
+
+No clock, no I/O, no sleeping: time arrives as ``now``. The same function
+serves the embedded run, the Kafka processor, rule unit tests and simulation.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import msgspec
+
+from trainwarden.diagnose.advice import WATCHDOG_MARK, advised_interval, watchdog_timeout
+from trainwarden.engine import failures, spot, timers
+from trainwarden.engine.decide import apply, guarded, make_decision
+from trainwarden.engine.state import InstanceStatus, JobState, JobStatus, new_job_state
+from trainwarden.events import (
+    Decision,
+    DecisionKind,
+    Diagnosis,
+    ErrorSource,
+    Event,
+    InstanceActivity,
+    InstanceExited,
+    InstanceStarted,
+    JobSubmitted,
+    LogLine,
+    MarketUpdate,
+    NodeLost,
+    Reason,
+    SdkMessage,
+    SdkOp,
+    Tick,
+)
+from trainwarden.rules.model import RulePack
+from trainwarden.settings import JobSettings, SettingsError, parse_args_string
+
+MAX_KEYWORDS = 1000
+C4D_LEVELS = ("Info", "Warning", "Error")
+_NO_DECISIONS: list = []  # shared and never mutated: the common answer to a log line
+
+
+def start_job(event: JobSubmitted, pack: RulePack, now: float) -> tuple[JobState, list[Decision]]:
+    """The state of a newly submitted job; an invalid arguments string fails it at once."""
+    try:
+        settings = parse_args_string(event.args)
+        problem = "" if event.instances else "the job has no instances"
+    except SettingsError as exc:
+        settings, problem = JobSettings(), str(exc)
+    state = new_job_state(event.job_id, event.framework, settings, pack, event.instances)
+    state.activity_reports = event.activity_reports
+    if event.spot and not problem:
+        state.spot = spot.new_spot_state(state, event, now)
+    if problem:
+        decision = make_decision(state, DecisionKind.FAIL_JOB, Reason.INVALID_JOB, "job_arguments", now,
+                                 fault_key=("invalid",), message=problem)
+    elif state.spot is not None:
+        # Instances come from the market: the job waits until its bids are met.
+        return state, spot.settle(state, [spot.queue_decision(state, now, event.time)], now)
+    else:
+        decision = msgspec.structs.replace(
+            make_decision(state, DecisionKind.START_JOB, Reason.JOB_SUBMITTED, "job_submitted", now,
+                          fault_key=("start",), detected_at=event.time),
+            spec=event.spec, instances=event.instances, args=event.args)
+    apply(state, decision)
+    return state, [decision]
+
+
+def step(state: JobState, event: Event, now: float) -> tuple[JobState, list[Decision]]:
+    if state.finished:
+        state.stale_events += 1
+        return state, []
+    handler = _HANDLERS.get(type(event))
+    decisions = handler(state, event, now) if handler else []
+    if state.spot is not None and decisions:
+        return state, spot.settle(state, decisions, now)
+    for decision in decisions:
+        apply(state, decision)
+    return state, decisions
+
+
+def _on_started(state: JobState, event: InstanceStarted, now: float) -> list[Decision]:
+    inst = state.current(event.instance, event.round, event.start)
+    if inst is None or inst.status is not InstanceStatus.PENDING:
+        return []
+    inst.status = InstanceStatus.RUNNING
+    inst.started_at = inst.last_output = inst.reported_at = event.time
+    inst.node = event.node
+    inst.pid = event.pid
+    return []
+
+
+def _on_log(state: JobState, event: LogLine, now: float) -> list[Decision]:
+    inst = state.current(event.instance, event.round, event.start)
+    if inst is None:
+        return []
+    if event.time > inst.last_output:
+        inst.last_output = event.time
+    text = event.text
+    inst.tail.append(text)
+    if WATCHDOG_MARK not in text:  # inline: this runs for every line of every instance
+        return _NO_DECISIONS
+    timeout = watchdog_timeout(text)
+    return _NO_DECISIONS if timeout is None else _advise(state, inst, timeout, event, now)
+
+
+def _advise(state: JobState, inst, timeout: float, event: LogLine, now: float) -> list[Decision]:
+    """A collective timeout at or under the hang interval in force means the
+    job dies before a hang is detected (and its stacks taken): say so, once."""
+    settings = state.settings
+    interval = settings.job_hang_interval if inst.hang_interval is None else inst.hang_interval
+    if timeout in state.advised_timeouts or interval < 0 or interval < timeout:
+        return []
+    state.advised_timeouts.add(timeout)
+    advised = advised_interval(timeout)
+    message = (f"the collective timeout is {timeout:g} s but the hang interval is {interval} s: a hang ends in "
+               f"the watchdog's kill before it is detected; set --job-hang-interval={advised}")
+    return [make_decision(state, DecisionKind.NOTIFY, Reason.ADVICE_HANG_INTERVAL, "advice_hang_interval", now,
+                          fault_key=("advice", timeout), inst=inst, message=message,
+                          category="advice", detected_at=event.time)]
+
+
+def _on_exit(state: JobState, event: InstanceExited, now: float) -> list[Decision]:
+    inst = state.current(event.instance, event.round, event.start)
+    if inst is None or inst.status is not InstanceStatus.RUNNING:
+        return []
+    if event.exit_code == 0:
+        return failures.on_success(state, inst, event, now)
+    return failures.on_failure(state, inst, event, now)
+
+
+def _on_sdk(state: JobState, event: SdkMessage, now: float) -> list[Decision]:
+    op = event.op
+    if op is SdkOp.SET_RETRYABLE_ERRORS:
+        # Keywords belong to the job: kept across restarts, whichever incarnation sent them.
+        for keyword in event.keywords:
+            if keyword and keyword not in state.custom_keywords and len(state.custom_keywords) < MAX_KEYWORDS:
+                state.custom_keywords.append(keyword)
+        return []
+    if op is SdkOp.CUSTOM_MESSAGE:
+        state.sdk_seq += 1
+        inst = state.instances.get(event.instance)
+        return [make_decision(state, DecisionKind.NOTIFY, Reason.CUSTOM_MESSAGE, "sdk_custom_message", now,
+                              fault_key=("sdk", state.sdk_seq), source=ErrorSource.SDK, inst=inst,
+                              message=event.content, category="custom_message", detected_at=event.time)]
+    if op is SdkOp.SET_HANG_INTERVAL:
+        inst = state.current(event.instance, event.round, event.start)
+        if inst is not None:
+            inst.hang_interval = event.interval
+            # A new interval restarts the silence clock: leaving a long silent
+            # hang_detect(-1) scope is not an instant hang.
+            inst.last_output = max(inst.last_output, event.time)
+    return []
+
+
+def _on_tick(state: JobState, event: Tick, now: float) -> list[Decision]:
+    return timers.check_timers(state, now)
+
+
+def _on_activity(state: JobState, event: InstanceActivity, now: float) -> list[Decision]:
+    for report in event.instances:
+        inst = state.current(report.instance, report.round, report.start)
+        if inst is None:
+            continue
+        if report.last_output > inst.last_output:
+            inst.last_output = report.last_output
+        inst.reported_at = max(inst.reported_at, event.time)
+    return []
+
+
+def _on_node_lost(state: JobState, event: NodeLost, now: float) -> list[Decision]:
+    if spot.queued(state):
+        return []  # a job in the bidding queue holds no node
+    decisions = []
+    for name in event.instances:
+        inst = state.instances.get(name)
+        if inst is None or inst.status not in (InstanceStatus.RUNNING, InstanceStatus.PENDING):
+            continue
+        # A pending instance was placed there but never reported a start: the
+        # engine does not know its node, the actuator that placed it does.
+        if inst.status is InstanceStatus.RUNNING and inst.node != event.node:
+            continue
+        decision = failures.on_node_lost(state, inst, event.node, now, event.time)
+        decisions.append(decision)
+        if decision.kind is not DecisionKind.RESTART_INSTANCE:
+            break  # a job restart or failure covers every other instance
+    return decisions
+
+
+def _on_diagnosis(state: JobState, event: Diagnosis, now: float) -> list[Decision]:
+    if spot.queued(state):
+        return []
+    settings = state.settings
+    if event.level in C4D_LEVELS and C4D_LEVELS.index(event.level) < C4D_LEVELS.index(settings.c4d_log_level.value):
+        return []  # below --c4d-log-level: not shown, not acted on
+    for rule in state.pack.diagnoses:
+        if rule.source != event.source or (rule.levels and event.level not in rule.levels):
+            continue
+        if rule.kinds and event.kind not in rule.kinds:
+            continue
+        if not all(settings.flag_value(flag) for flag in rule.enabled_by):
+            continue
+        message = f"C4D {event.level} {event.kind} on node {event.node}" + (
+            f" (rank {event.rank})" if event.rank >= 0 else "") + (f": {event.detail}" if event.detail else "")
+        key = (event.source, state.round, event.node, event.kind, event.level)
+        decisions = []
+        if rule.isolate_node:
+            decisions.append(make_decision(state, DecisionKind.ISOLATE_NODE, rule.reason, rule.name, now,
+                                           fault_key=key, source=ErrorSource.C4D, message=message,
+                                           signature=f"c4d:{event.kind}", category=event.kind,
+                                           detected_at=event.time, node=event.node))
+        if rule.action is DecisionKind.RESTART_JOB:
+            kind, reason, name = guarded(state, DecisionKind.RESTART_JOB, rule.reason, rule.name, None)
+            decisions.append(make_decision(state, kind, reason, name, now, fault_key=key, source=ErrorSource.C4D,
+                                           message=message, signature=f"c4d:{event.kind}",
+                                           category=event.kind, detected_at=event.time, node=event.node))
+        elif rule.action is DecisionKind.NOTIFY:
+            decisions.append(make_decision(state, DecisionKind.NOTIFY, rule.reason, rule.name, now,
+                                           fault_key=key, source=ErrorSource.C4D, message=message,
+                                           category=event.kind, detected_at=event.time, node=event.node))
+        return decisions
+    return []
+
+
+_HANDLERS = {
+    InstanceStarted: _on_started,
+    LogLine: _on_log,
+    InstanceExited: _on_exit,
+    SdkMessage: _on_sdk,
+    Tick: _on_tick,
+    InstanceActivity: _on_activity,
+    NodeLost: _on_node_lost,
+    Diagnosis: _on_diagnosis,
+    MarketUpdate: spot.on_market,
+}
+
+
+def outcome(state: JobState) -> Optional[JobStatus]:
+    return state.status if state.finished else None

@@ -1,0 +1,140 @@
+"""The engine's memory of one job.
+
+Mutable for speed (a 10,000-instance job receives millions of log lines), but
+owned by the caller and changed only by ``engine.step``; nothing in it reads
+a clock or touches I/O. ``copy.deepcopy`` gives a snapshot for replay.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+from typing import Optional
+
+from trainwarden.events import InstanceSpec, JobSpec, SpotBid
+from trainwarden.rules.model import RulePack
+from trainwarden.settings import JobSettings
+
+# Roles that run until told to stop (TensorFlow parameter servers); the job is
+# done when every other instance has succeeded.
+NON_FINISHING_ROLES = frozenset({"ps"})
+
+
+class InstanceStatus(str, enum.Enum):
+    PENDING = "pending"  # asked to start, not started yet
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class JobStatus(str, enum.Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass(slots=True)
+class InstanceState:
+    spec: InstanceSpec
+    tail: collections.deque
+    status: InstanceStatus = InstanceStatus.PENDING
+    start: int = 0  # the start index whose events are current
+    node: str = ""
+    pid: int = 0
+    started_at: float = 0.0
+    last_output: float = 0.0
+    # SDK override of the hang interval: None = the job's, -1 = off.
+    hang_interval: Optional[int] = None
+    restarts: int = 0  # instance-level restarts so far
+    error_counts: dict = dataclasses.field(default_factory=dict)
+    ever_failed: bool = False
+    # When a node agent last reported on this incarnation (jobs with activity reports).
+    reported_at: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+
+class SpotPhase(str, enum.Enum):
+    QUEUED = "queued"  # in the bidding queue: no instances held
+    RUNNING = "running"  # instances held and billed
+    DONE = "done"
+
+
+@dataclasses.dataclass(slots=True)
+class SpotState:
+    """A spot job's place in the market and what it has cost so far."""
+
+    bids: tuple[SpotBid, ...]
+    # With fault tolerance off (--fault-tolerant-policy=Never) a preemption fails the job.
+    fault_tolerant: bool
+    since: float  # when cost was last accrued
+    spec: Optional[JobSpec] = None
+    instances: tuple = ()
+    args: str = ""
+    phase: SpotPhase = SpotPhase.QUEUED
+    started: bool = False
+    offers: dict = dataclasses.field(default_factory=dict)  # instance type -> Offer
+    paid: float = 0.0
+    on_demand: float = 0.0
+    held_s: float = 0.0
+    queued_s: float = 0.0
+    preemptions: int = 0
+    resumes: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class JobState:
+    job_id: str
+    framework: str
+    settings: JobSettings
+    pack: RulePack
+    instances: dict  # name -> InstanceState, in rank order
+    status: JobStatus = JobStatus.RUNNING
+    round: int = 0  # job-level restarts so far; instance events carry it
+    job_restarts: int = 0
+    custom_keywords: list = dataclasses.field(default_factory=list)
+    first_success_exit: Optional[float] = None
+    sdk_seq: int = 0
+    stale_events: int = 0
+    final_reason: str = ""
+    # Agents report each instance's last output every second; silence is not
+    # judged on reports older than REPORT_STALE_S (missing data is not silence).
+    activity_reports: bool = False
+    silence_checks_skipped: int = 0
+    # Collective timeouts (s) already advised about: one notification each.
+    advised_timeouts: set = dataclasses.field(default_factory=set)
+    spot: Optional[SpotState] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status is not JobStatus.RUNNING
+
+    def current(self, instance: str, round_: int, start: int) -> Optional[InstanceState]:
+        """The instance if the event belongs to its current incarnation, else None."""
+        inst = self.instances.get(instance)
+        if inst is None or round_ != self.round or start != inst.start or self.finished:
+            self.stale_events += 1
+            return None
+        return inst
+
+
+def new_instance(spec: InstanceSpec, tail_lines: int) -> InstanceState:
+    return InstanceState(spec=spec, tail=collections.deque(maxlen=tail_lines))
+
+
+def new_job_state(job_id: str, framework: str, settings: JobSettings, pack: RulePack,
+                  instances: tuple[InstanceSpec, ...]) -> JobState:
+    return JobState(
+        job_id=job_id,
+        framework=framework,
+        settings=settings,
+        pack=pack,
+        instances={spec.name: new_instance(spec, pack.tail_lines) for spec in instances},
+    )

@@ -1,0 +1,361 @@
+"""Load a rules directory into a RulePack, strictly.
+
+Files (``*.yaml``/``*.yml`` directly in the directory) are read in name order
+and their lists concatenated. A rule whose name already exists is an error
+unless it says ``replace: true``; ``enabled: false`` with ``replace: true``
+switches a shipped rule off. Any error names the file and line, and nothing
+is applied unless every file is valid.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from trainwarden.events import DecisionKind, ErrorSource, Reason
+from trainwarden.rules.model import (
+    Classifier,
+    Counter,
+    Detector,
+    DiagnosisRule,
+    DetectorKind,
+    Limit,
+    LimitKind,
+    Origin,
+    Response,
+    ResponseMatch,
+    RulePack,
+)
+from trainwarden.settings import FLAGS, ExecutionMode, FaultTolerantPolicy
+from trainwarden.yamlsrc import ConfigError, Fields, LineDict, load_yaml_file
+
+SECTIONS = ("classifiers", "responses", "detectors", "limits", "diagnoses")
+DIAGNOSIS_KINDS = ("RankCommHang", "RankNonCommHang", "RankCommSlow", "RankNonCommSlow")
+DIAGNOSIS_LEVELS = ("Error", "Warning", "Info")
+RESPONSE_ACTIONS = (DecisionKind.RESTART_JOB, DecisionKind.RESTART_INSTANCE, DecisionKind.FAIL_JOB)
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+DEFAULT_TAIL_LINES = 500
+
+
+def shipped_rules_dir() -> Path:
+    """The rule pack that comes with Trainwarden (repository or wheel copy)."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here.parent.parent / "rules", here / "_shipped_rules"):
+        if candidate.is_dir():
+            return candidate
+    raise ConfigError("the shipped rules directory is missing from this installation")
+
+
+def rule_files(directory: str | Path) -> list[Path]:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ConfigError("not a directory of rule files", directory,
+                          hint="pass --rules DIR with the YAML rule files")
+    files = sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+    if not files:
+        raise ConfigError("no rule files (*.yaml) in this directory", directory)
+    return files
+
+
+def load_rules(directory: str | Path | None = None) -> RulePack:
+    directory = Path(directory) if directory is not None else shipped_rules_dir()
+    builder = _PackBuilder()
+    for path in rule_files(directory):
+        builder.add_file(path)
+    return builder.build()
+
+
+class _PackBuilder:
+    def __init__(self) -> None:
+        self.entries: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+        self.settings: dict[str, Any] = {}
+        self.files: list[str] = []
+
+    def add_file(self, path: Path) -> None:
+        document = load_yaml_file(path)
+        if document is None:
+            return
+        top = Fields(document, path, "a rule file")
+        version = top.get("version", int, 1)
+        if version != 1:
+            raise top.error("version", f"unsupported rule file version {version}; this Trainwarden reads version 1")
+        for section in SECTIONS:
+            items = top.get(section, list, [])
+            parse = _PARSERS[section]
+            for index, item in enumerate(items):
+                self._add(section, item, path, items.line_of(index), parse)
+        settings = top.get("settings", dict, None)
+        if settings is not None:
+            self._settings(Fields(settings, path, "settings"))
+        top.done()
+        self.files.append(str(path))
+
+    def _add(self, section: str, item: Any, path: Path, line: int,
+             parse: Callable[[Fields, Origin], Any]) -> None:
+        fields = Fields(item, path, f"an entry of '{section}'", line)
+        name = fields.get("name", str)
+        if not NAME_RE.match(name):
+            raise fields.error("name", f"rule name {name!r} must be lower-case letters, digits, '_', '.', '-'")
+        replace = fields.get("replace", bool, False)
+        enabled = fields.get("enabled", bool, True)
+        existing = self.entries[section]
+        if name in existing and not replace:
+            raise fields.error("name", f"{section[:-1]} '{name}' is already defined at {existing[name][0]}",
+                               hint="add 'replace: true' to override it")
+        if replace and name not in existing:
+            raise fields.error("replace", f"'replace: true' but no earlier {section[:-1]} is named '{name}'")
+        origin = Origin(str(path), fields.line())
+        if not enabled:
+            extra = set(fields.mapping) - {"name", "replace", "enabled"}
+            if extra:
+                raise fields.error(sorted(extra)[0], "a disabled rule takes only 'name', 'replace' and 'enabled'")
+            existing.pop(name, None)
+            return
+        rule = parse(fields, origin)
+        fields.done()
+        existing[name] = (origin, rule)
+
+    def _settings(self, fields: Fields) -> None:
+        tail = fields.get("tail_lines", int, None)
+        if tail is not None:
+            if not 10 <= tail <= 100_000:
+                raise fields.error("tail_lines", "tail_lines must be from 10 to 100000")
+            self.settings["tail_lines"] = tail
+        priority = fields.get("custom_keyword_priority", int, None)
+        if priority is not None:
+            self.settings["custom_keyword_priority"] = _priority(fields, "custom_keyword_priority", priority)
+        fallback = fields.get("fallback", dict, None)
+        if fallback is not None:
+            fb = Fields(fallback, fields.path, "settings.fallback")
+            self.settings["fallback_retryable"] = fb.get("retryable", bool)
+            self.settings["fallback_category"] = fb.get("category", str)
+            fb.done()
+        fields.done()
+
+    def build(self) -> RulePack:
+        def rules(section: str) -> tuple:
+            return tuple(rule for _, rule in self.entries[section].values())
+
+        return RulePack(
+            classifiers=rules("classifiers"),
+            fallback_retryable=self.settings.get("fallback_retryable", False),
+            fallback_category=self.settings.get("fallback_category", "unknown"),
+            responses=rules("responses"),
+            detectors=rules("detectors"),
+            limits=rules("limits"),
+            diagnoses=rules("diagnoses"),
+            tail_lines=self.settings.get("tail_lines", DEFAULT_TAIL_LINES),
+            custom_keyword_priority=self.settings.get("custom_keyword_priority", 100),
+            files=tuple(self.files),
+        )
+
+
+# ------------------------------------------------------------ per section
+
+
+def _priority(fields: Fields, key: str, value: int) -> int:
+    if not 0 <= value <= 1000:
+        raise fields.error(key, f"'{key}' must be from 0 to 1000")
+    return value
+
+
+def _enum(fields: Fields, key: str, enum_cls, allowed=None):
+    raw = fields.get(key, str)
+    members = allowed or tuple(enum_cls)
+    for member in members:
+        if member.value == raw:
+            return member
+    names = ", ".join(m.value for m in members)
+    raise fields.error(key, f"'{key}' must be one of {names}, not {raw!r}")
+
+
+def _string_list(fields: Fields, key: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    raw = fields.get(key, (list, str), [])
+    items = [raw] if isinstance(raw, str) else raw
+    result = []
+    for item in items:
+        if not isinstance(item, str):
+            raise fields.error(key, f"'{key}' must list strings, not {item!r}")
+        if allowed is not None and item not in allowed:
+            raise fields.error(key, f"'{key}': {item!r} is not one of {', '.join(allowed)}")
+        result.append(item)
+    return tuple(result)
+
+
+def _flag(fields: Fields, key: str, kinds: tuple[str, ...]) -> str:
+    """A flag name whose value is of one of these kinds (bool, int, float)."""
+    flag = fields.get(key, str)
+    if flag not in FLAGS:
+        raise fields.error(key, f"'{key}': unknown flag {flag!r}", hint="use a flag name without dashes in front, "
+                           "e.g. job-hang-interval")
+    kind = FLAGS[flag].kind
+    if kind not in kinds:
+        wanted = {"bool": "a True/False flag", "int": "an integer flag", "float": "a fraction flag"}
+        allowed = [f for f, spec in FLAGS.items() if spec.kind in kinds]
+        raise fields.error(key, f"'{key}' must name {' or '.join(wanted[k] for k in kinds)}; {flag!r} is not one",
+                           hint="for example " + ", ".join(allowed[:4]))
+    return flag
+
+
+def _exit_codes(fields: Fields) -> tuple[tuple[int, int], ...]:
+    raw = fields.get("exit_codes", list, [])
+    ranges = []
+    for item in raw:
+        if isinstance(item, int) and not isinstance(item, bool):
+            low = high = item
+        elif isinstance(item, str) and re.fullmatch(r"\s*-?\d+\s*-\s*-?\d+\s*", item):
+            low, high = (int(x) for x in re.match(r"\s*(-?\d+)\s*-\s*(-?\d+)", item).groups())
+        else:
+            raise fields.error("exit_codes", f"exit code {item!r} must be an integer or a range like \"128-255\"")
+        if low > high or low < 0 or high > 255:
+            raise fields.error("exit_codes", f"exit code range {item!r} must lie within 0-255, low to high")
+        ranges.append((low, high))
+    return tuple(ranges)
+
+
+def _patterns(fields: Fields) -> tuple[re.Pattern, ...]:
+    raw = fields.get("patterns", list, [])
+    ignore_case = fields.get("ignore_case", bool, False)
+    compiled = []
+    for index, pattern in enumerate(raw):
+        line = raw.line_of(index) if hasattr(raw, "line_of") else fields.line("patterns")
+        if not isinstance(pattern, str) or not pattern:
+            raise ConfigError(f"pattern {pattern!r} must be a non-empty string", fields.path, line)
+        try:
+            compiled.append(re.compile(pattern, re.IGNORECASE if ignore_case else 0))
+        except re.error as exc:
+            raise ConfigError(f"pattern {pattern!r} is not a valid regular expression: {exc}",
+                              fields.path, line) from None
+    return tuple(compiled)
+
+
+def _classifier(fields: Fields, origin: Origin) -> Classifier:
+    exit_codes = _exit_codes(fields)
+    patterns = _patterns(fields)
+    if not exit_codes and not patterns:
+        raise fields.error(None, "a classifier needs 'exit_codes', 'patterns' or both")
+    return Classifier(
+        name=fields.get("name", str),
+        category=fields.get("category", str),
+        retryable=fields.get("retryable", bool),
+        exit_codes=exit_codes,
+        patterns=patterns,
+        priority=_priority(fields, "priority", fields.get("priority", int, 50)),
+        description=fields.get("description", str, ""),
+        origin=origin,
+        signature=_one_of(fields, "signature", ("rule", "line"), "rule"),
+    )
+
+
+def _one_of(fields: Fields, key: str, allowed: tuple[str, ...], default: str) -> str:
+    value = fields.get(key, str, default)
+    if value not in allowed:
+        raise fields.error(key, f"'{key}' must be one of {', '.join(allowed)}, not {value!r}")
+    return value
+
+
+def _response(fields: Fields, origin: Origin) -> Response:
+    when_raw = fields.get("when", dict, LineDict())
+    when = Fields(when_raw, fields.path, "'when'", fields.line("when"))
+    retryable = when.get("retryable", bool, None)
+    match = ResponseMatch(
+        policies=_string_list(when, "policy", tuple(p.value for p in FaultTolerantPolicy)),
+        modes=_string_list(when, "mode", tuple(m.value for m in ExecutionMode)),
+        roles=_string_list(when, "role"),
+        retryable=retryable,
+    )
+    when.done()
+    return Response(
+        name=fields.get("name", str),
+        when=match,
+        action=_enum(fields, "action", DecisionKind, RESPONSE_ACTIONS),
+        reason=_enum(fields, "reason", Reason),
+        origin=origin,
+    )
+
+
+def _detector(fields: Fields, origin: Origin) -> Detector:
+    return Detector(
+        name=fields.get("name", str),
+        kind=_enum(fields, "kind", DetectorKind),
+        enabled_by=_flag(fields, "enabled_by", ("bool",)),
+        modes=_string_list(fields, "modes", tuple(m.value for m in ExecutionMode)),
+        interval_flag=_flag(fields, "interval_flag", ("int",)),
+        error_source=_enum(fields, "error_source", ErrorSource),
+        action=_enum(fields, "action", DecisionKind, (DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB)),
+        reason=_enum(fields, "reason", Reason),
+        origin=origin,
+    )
+
+
+def _limit(fields: Fields, origin: Origin) -> Limit:
+    kind = _enum(fields, "kind", LimitKind)
+    applies = tuple(
+        _enum_value(fields, "applies_to", DecisionKind, item, (DecisionKind.RESTART_JOB, DecisionKind.RESTART_INSTANCE))
+        for item in _string_list(fields, "applies_to")
+    )
+    if not applies:
+        raise fields.error("applies_to", "'applies_to' must list restart_job and/or restart_instance")
+    counter = None
+    if kind is LimitKind.FLAG_REQUIRED:
+        flag = _flag(fields, "flag", ("bool",))
+    else:
+        counter = _enum(fields, "counter", Counter)
+        flag = _flag(fields, "max_flag", ("float",) if kind is LimitKind.MAX_RATIO else ("int",))
+        ratio = counter is Counter.FAILED_INSTANCE_RATIO
+        if ratio != (kind is LimitKind.MAX_RATIO):
+            raise fields.error("counter", f"counter {counter.value} does not fit kind {kind.value}",
+                               hint="max_ratio goes with failed_instance_ratio; max_count with the others")
+    return Limit(
+        name=fields.get("name", str),
+        kind=kind,
+        applies_to=applies,
+        flag=flag,
+        counter=counter,
+        roles=_string_list(fields, "roles"),
+        reason=_enum(fields, "reason", Reason),
+        origin=origin,
+    )
+
+
+def _enum_value(fields: Fields, key: str, enum_cls, raw: str, allowed) -> Any:
+    for member in allowed:
+        if member.value == raw:
+            return member
+    raise fields.error(key, f"'{key}': {raw!r} is not one of {', '.join(m.value for m in allowed)}")
+
+
+def _diagnosis(fields: Fields, origin: Origin) -> DiagnosisRule:
+    source = fields.get("source", str)
+    if source != "c4d":
+        raise fields.error("source", f"'source' must be c4d, not {source!r}")
+    action_raw = fields.get("action", str, "none")
+    allowed = {"restart_job": DecisionKind.RESTART_JOB, "notify": DecisionKind.NOTIFY, "none": None}
+    if action_raw not in allowed:
+        raise fields.error("action", f"'action' must be one of {', '.join(allowed)}, not {action_raw!r}")
+    enabled_by = []
+    for flag in _string_list(fields, "enabled_by"):
+        if flag not in FLAGS or FLAGS[flag].kind != "bool":
+            raise fields.error("enabled_by", f"'enabled_by': {flag!r} is not a True/False flag")
+        enabled_by.append(flag)
+    return DiagnosisRule(
+        name=fields.get("name", str),
+        source=source,
+        levels=_string_list(fields, "levels", DIAGNOSIS_LEVELS),
+        kinds=_string_list(fields, "kinds", DIAGNOSIS_KINDS),
+        enabled_by=tuple(enabled_by),
+        isolate_node=fields.get("isolate_node", bool, False),
+        action=allowed[action_raw],
+        reason=_enum(fields, "reason", Reason),
+        origin=origin,
+    )
+
+
+_PARSERS: dict[str, Callable[[Fields, Origin], Any]] = {
+    "classifiers": _classifier,
+    "responses": _response,
+    "detectors": _detector,
+    "limits": _limit,
+    "diagnoses": _diagnosis,
+}

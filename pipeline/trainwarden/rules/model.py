@@ -1,0 +1,140 @@
+"""The parsed rule pack: frozen dataclasses, one per rule kind.
+
+A rule pack has four sections, each a flat list of named rules:
+
+- ``classifiers``: the retryable / non-retryable catalogue (exit codes and
+  log-tail patterns) that judges a failed instance;
+- ``responses``: first match wins; what to do about a failed instance given
+  the policy, the execution mode, the role and the verdict;
+- ``detectors``: timers over the job's output (hang, exit hang);
+- ``limits``: guards in front of restarts (switches, counters, ratios); the
+  first one that holds turns the restart into ``fail_job``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from typing import Optional
+
+from trainwarden.events import DecisionKind, ErrorSource, Reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    path: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Classifier:
+    name: str
+    category: str
+    retryable: bool
+    exit_codes: tuple[tuple[int, int], ...]  # inclusive ranges; empty = any
+    patterns: tuple[re.Pattern, ...]  # any of them in the tail; empty = no log condition
+    priority: int
+    description: str
+    origin: Origin
+    # "rule": every match is the same error; "line": the matched line,
+    # normalised, tells errors apart (for broad classes such as any ValueError).
+    signature: str = "rule"
+
+    def matches_exit_code(self, code: int) -> bool:
+        return not self.exit_codes or any(low <= code <= high for low, high in self.exit_codes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResponseMatch:
+    policies: tuple[str, ...] = ()  # empty = any
+    modes: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    retryable: Optional[bool] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Response:
+    name: str
+    when: ResponseMatch
+    action: DecisionKind  # restart_job, restart_instance or fail_job
+    reason: Reason
+    origin: Origin
+
+
+class DetectorKind(str, enum.Enum):
+    SILENCE = "silence"  # every running instance silent for the interval
+    EXIT_HANG = "exit_hang"  # job not finished within the interval after a successful exit
+
+
+@dataclasses.dataclass(frozen=True)
+class Detector:
+    name: str
+    kind: DetectorKind
+    enabled_by: str  # a boolean flag
+    modes: tuple[str, ...]
+    interval_flag: str
+    error_source: ErrorSource
+    action: DecisionKind
+    reason: Reason
+    origin: Origin
+
+
+class LimitKind(str, enum.Enum):
+    FLAG_REQUIRED = "flag_required"  # holds when the boolean flag is False
+    MAX_COUNT = "max_count"  # holds when counter (including this fault) > flag value
+    MAX_RATIO = "max_ratio"  # holds when ratio > flag value (flag -1 = off)
+
+
+class Counter(str, enum.Enum):
+    JOB_RESTARTS = "job_restarts"  # job restarts including the one asked for
+    INSTANCE_RESTARTS = "instance_restarts"  # restarts of the failed instance, including this one
+    SAME_ERROR = "same_error"  # occurrences of this error on this instance, including this one
+    FAILED_INSTANCE_RATIO = "failed_instance_ratio"  # distinct failed instances of `roles` / their count
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    name: str
+    kind: LimitKind
+    applies_to: tuple[DecisionKind, ...]
+    flag: str
+    counter: Optional[Counter]
+    roles: tuple[str, ...]
+    reason: Reason
+    origin: Origin
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnosisRule:
+    """What to do about a diagnostic agent's finding (C4D), first match wins."""
+
+    name: str
+    source: str  # "c4d"
+    levels: tuple[str, ...]  # Error, Warning, Info; empty = any
+    kinds: tuple[str, ...]  # RankCommHang, ...; empty = any
+    enabled_by: tuple[str, ...]  # True/False flags that must all be True
+    isolate_node: bool  # isolate the reported node first
+    action: Optional[DecisionKind]  # restart_job, notify, or None (record only)
+    reason: Reason
+    origin: Origin
+
+
+@dataclasses.dataclass(frozen=True)
+class RulePack:
+    classifiers: tuple[Classifier, ...]
+    fallback_retryable: bool
+    fallback_category: str
+    responses: tuple[Response, ...]
+    detectors: tuple[Detector, ...]
+    limits: tuple[Limit, ...]
+    tail_lines: int
+    custom_keyword_priority: int
+    files: tuple[str, ...]
+    diagnoses: tuple[DiagnosisRule, ...] = ()
+
+    def detector(self, kind: DetectorKind) -> tuple[Detector, ...]:
+        return tuple(d for d in self.detectors if d.kind is kind)

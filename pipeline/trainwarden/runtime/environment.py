@@ -1,0 +1,65 @@
+"""The environment an instance starts with: torchrun-compatible variables plus
+Trainwarden's own, on top of the caller's environment."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Mapping
+
+from trainwarden.events import InstanceSpec
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def instance_env(*, base: Mapping[str, str], job_id: str, spec: InstanceSpec, world_size: int,
+                 round_: int, start: int, max_restarts: int, master_addr: str, master_port: int,
+                 control_address: str, token: str, sdk_path: str, extra: Mapping[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env.update(extra)
+    env.update({
+        # torchrun's variables, so unmodified training scripts run as they would under torchrun.
+        "RANK": str(spec.rank),
+        "LOCAL_RANK": str(spec.rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(spec.index),
+        "ROLE_NAME": spec.role,
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(round_),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_RUN_ID": job_id,
+        "TRAINWARDEN_JOB_ID": job_id,
+        "TRAINWARDEN_INSTANCE": spec.name,
+        "TRAINWARDEN_ROLE": spec.role,
+        "TRAINWARDEN_RESTART_ROUND": str(round_),
+        "TRAINWARDEN_INSTANCE_RESTARTS": str(start),
+        "TRAINWARDEN_CONTROL": control_address,
+        "TRAINWARDEN_TOKEN": token,
+        # Without this Python buffers stdout in a pipe and a busy job looks silent.
+        "PYTHONUNBUFFERED": "1",
+    })
+    if sdk_path:
+        existing = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = sdk_path + (os.pathsep + existing if existing else "")
+    return env
+
+
+def sdk_import_dir(run_dir: Path) -> str:
+    """A directory holding only a link to this package, so that any Python the
+    job uses can ``import trainwarden.sdk.job_monitor`` without the rest of our
+    site-packages leaking into the job's imports."""
+    package = Path(__file__).resolve().parent.parent
+    target = run_dir / "sdk-path"
+    target.mkdir(parents=True, exist_ok=True)
+    link = target / "trainwarden"
+    if not link.exists():
+        link.symlink_to(package, target_is_directory=True)
+    return str(target)

@@ -1,0 +1,396 @@
+"""Instances as local processes: the embedded default's "cluster".
+
+Each instance runs in its own process group (so a stop reaches its data
+loader children too). One I/O thread reads every pipe, splits lines (``\\n``,
+``\\r\\n`` and the ``\\r`` of progress bars), bounds their length, stamps them
+with the time they were read and hands LogLine events to the sink, followed
+by the InstanceExited event once the process is gone and its pipes drained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from trainwarden.events import Event, InstanceExited, InstanceStarted, LogLine, Stream
+from trainwarden.runtime.clock import now
+
+MAX_LINE_BYTES = 16 * 1024
+POLL_S = 0.05
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+TRUNCATED = " …[line truncated]"
+# Exit code of an instance that the supervisor could not start for want of
+# resources (file descriptors, memory, processes): not the command's fault.
+SUPERVISOR_EXIT_CODE = 125
+_SUPERVISOR_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN)
+
+
+@dataclasses.dataclass
+class _Pipe:
+    name: str
+    stream: Stream
+    fd: int
+    buffer: bytearray = dataclasses.field(default_factory=bytearray)
+    discarding: bool = False  # inside an over-long line, dropping bytes until its end
+
+
+@dataclasses.dataclass
+class _Proc:
+    name: str
+    popen: subprocess.Popen
+    round: int
+    start: int
+    pipes: list
+    token: str = ""  # TRAINWARDEN_TOKEN of this incarnation: finds descendants that left the group
+    registered: bool = False  # its pipes are in the selector: only then may it be reaped
+    stopping: bool = False
+    gone: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+@dataclasses.dataclass
+class RuntimeCounters:
+    lines: int = 0
+    truncated_lines: int = 0
+    non_utf8_lines: int = 0
+    stale_lines_dropped: int = 0  # lines of an instance being stopped, while the inbox was full
+    io_errors: int = 0
+    escaped_processes_killed: int = 0
+
+
+class LocalRuntime:
+    def __init__(self, job_id: str, sink: Callable[[Event], None], node: str,
+                 max_line_bytes: int = MAX_LINE_BYTES,
+                 line_sink: Optional[Callable[[Event, float], bool]] = None):
+        self.job_id = job_id
+        self.node = node
+        self.max_line_bytes = max_line_bytes
+        self.counters = RuntimeCounters()
+        self._sink = sink
+        # Lines may wait for room (back-pressure); starts and exits never do.
+        self._line_sink = line_sink
+        self._procs: dict[str, _Proc] = {}
+        self._lock = threading.Lock()
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._to_register: list[_Proc] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._io_loop, name="runtime-io", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ control
+
+    def start(self, name: str, command: Sequence[str], env: dict, cwd: Optional[str],
+              round_: int, start: int) -> int:
+        try:
+            argv = _with_parent_death_signal(_resolve(command, env, cwd))
+            popen = subprocess.Popen(
+                argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            )
+        except OSError as exc:
+            self._could_not_start(name, command, exc, round_, start)
+            return 0
+        pipes = []
+        for stream, handle in ((Stream.STDOUT, popen.stdout), (Stream.STDERR, popen.stderr)):
+            fd = os.dup(handle.fileno())
+            handle.close()
+            os.set_blocking(fd, False)
+            pipes.append(_Pipe(name, stream, fd))
+        proc = _Proc(name, popen, round_, start, pipes, token=env.get("TRAINWARDEN_TOKEN", ""))
+        # Started is sent before the I/O thread can see the process, so no
+        # line or exit of it can overtake it.
+        self._sink(InstanceStarted(job_id=self.job_id, time=now(), instance=name, round=round_,
+                                   start=start, node=self.node, pid=popen.pid))
+        with self._lock:
+            self._procs[name] = proc
+            self._to_register.append(proc)
+        os.write(self._wake_w, b"x")
+        return popen.pid
+
+    def _could_not_start(self, name: str, command: Sequence[str], exc: OSError, round_: int, start: int) -> None:
+        """Report it the way a shell would: the instance ran and exited 127
+        (not found) or 126 (not executable), with the reason as its output;
+        125 when this machine lacked the resources to start it."""
+        moment = now()
+        if exc.errno in _SUPERVISOR_ERRNOS:
+            code, text = SUPERVISOR_EXIT_CODE, f"trainwarden could not start {command[0]!r}: {exc.strerror}"
+        else:
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            text = f"trainwarden: cannot start {command[0]!r}: {exc.strerror}"
+        self._sink(InstanceStarted(job_id=self.job_id, time=moment, instance=name, round=round_, start=start,
+                                   node=self.node, pid=0))
+        self._sink(LogLine(job_id=self.job_id, time=moment, instance=name, round=round_, start=start,
+                           text=text, stream=Stream.STDERR))
+        self._sink(InstanceExited(job_id=self.job_id, time=moment, instance=name, round=round_, start=start,
+                                  exit_code=code))
+
+    def running(self) -> list[str]:
+        with self._lock:
+            return list(self._procs)
+
+    def pid(self, name: str) -> Optional[int]:
+        with self._lock:
+            proc = self._procs.get(name)
+        return proc.popen.pid if proc else None
+
+    def stop(self, names: Sequence[str], grace_s: float,
+             incarnations: Optional[dict[str, tuple[int, int]]] = None) -> None:
+        """SIGTERM the instances' process groups, SIGKILL what is left after the
+        grace period, and return once every one of them is gone. With
+        ``incarnations`` (name -> (round, start)), only those: a stop meant
+        for an old incarnation must never hit the one that replaced it."""
+        with self._lock:
+            procs = [self._procs[n] for n in names if n in self._procs]
+        if incarnations is not None:
+            procs = [p for p in procs if incarnations.get(p.name) == (p.round, p.start)]
+        for proc in procs:
+            proc.stopping = True
+            _signal_group(proc.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            proc.gone.wait(max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if not proc.gone.is_set():
+                _signal_group(proc.popen.pid, signal.SIGKILL)
+        for proc in procs:
+            proc.gone.wait(10.0)
+            self.counters.escaped_processes_killed += kill_incarnation(proc.token)
+
+    def kill(self, names: Sequence[str]) -> None:
+        """SIGKILL the instances now (no grace) and return once they are gone."""
+        with self._lock:
+            procs = [self._procs[n] for n in names if n in self._procs]
+        for proc in procs:
+            proc.stopping = True
+            _signal_group(proc.popen.pid, signal.SIGKILL)
+        for proc in procs:
+            proc.gone.wait(10.0)
+            self.counters.escaped_processes_killed += kill_incarnation(proc.token)
+
+    def kill_all(self) -> None:
+        """SIGKILL every instance now, without waiting (a second interrupt)."""
+        with self._lock:
+            procs = list(self._procs.values())
+        for proc in procs:
+            proc.stopping = True
+            _signal_group(proc.popen.pid, signal.SIGKILL)
+            kill_incarnation(proc.token)
+
+    def stop_all(self, grace_s: float) -> None:
+        self.stop(self.running(), grace_s)
+
+    def close(self, grace_s: float = 5.0) -> None:
+        self.stop_all(grace_s)
+        self._closed = True
+        os.write(self._wake_w, b"x")
+        self._thread.join(5.0)
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+    # ------------------------------------------------------------ I/O thread
+
+    def _io_loop(self) -> None:
+        while not self._closed:
+            try:
+                self._io_once()
+            except Exception as exc:  # noqa: BLE001 - this thread must outlive any one bad iteration
+                self.counters.io_errors += 1
+                if self.counters.io_errors == 1:
+                    print(f"trainwarden: output reader error (continuing): {exc!r}", file=sys.stderr)
+                time.sleep(POLL_S)
+
+    def _io_once(self) -> None:
+        with self._lock:
+            pending, self._to_register = self._to_register, []
+        for proc in pending:
+            for pipe in proc.pipes:
+                if pipe.fd >= 0:
+                    self._selector.register(pipe.fd, selectors.EVENT_READ, pipe)
+            proc.registered = True
+        for key, _ in self._selector.select(POLL_S):
+            if key.data is None:
+                _drain_wake(self._wake_r)
+                continue
+            self._read(key.data)
+        self._reap()
+
+    def _read(self, pipe: _Pipe) -> bool:
+        """Read what is there; False once the pipe is closed."""
+        while pipe.fd >= 0:
+            try:
+                chunk = os.read(pipe.fd, 65536)
+            except BlockingIOError:
+                return True
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._flush(pipe)
+                self._unregister(pipe)
+                return False
+            self._feed(pipe, chunk)
+            if len(chunk) < 65536:
+                return True
+        return False
+
+    def _feed(self, pipe: _Pipe, chunk: bytes) -> None:
+        pipe.buffer += chunk
+        parts = _LINE_BREAK.split(bytes(pipe.buffer))
+        pipe.buffer = bytearray(parts.pop())
+        for part in parts:
+            if pipe.discarding:
+                pipe.discarding = False  # the end of the over-long line
+                continue
+            if len(part) > self.max_line_bytes:
+                self.counters.truncated_lines += 1
+                self._emit(pipe, part[: self.max_line_bytes], truncated=True)
+            else:
+                self._emit(pipe, part)
+        if len(pipe.buffer) > self.max_line_bytes:
+            if not pipe.discarding:
+                self.counters.truncated_lines += 1
+                self._emit(pipe, bytes(pipe.buffer[: self.max_line_bytes]), truncated=True)
+            pipe.discarding = True
+            pipe.buffer.clear()
+
+    def _flush(self, pipe: _Pipe) -> None:
+        if pipe.buffer and not pipe.discarding:
+            self._emit(pipe, bytes(pipe.buffer))
+        pipe.buffer.clear()
+
+    def _emit(self, pipe: _Pipe, raw: bytes, truncated: bool = False) -> None:
+        proc = self._procs.get(pipe.name)
+        if proc is None:
+            return
+        text = raw.decode("utf-8", errors="replace")
+        if "\ufffd" in text and b"\xef\xbf\xbd" not in raw:
+            self.counters.non_utf8_lines += 1
+        if truncated:
+            text += TRUNCATED
+        self.counters.lines += 1
+        line = LogLine(job_id=self.job_id, time=now(), instance=pipe.name, round=proc.round,
+                       start=proc.start, text=text, stream=pipe.stream)
+        if self._line_sink is None:
+            self._sink(line)
+            return
+        while not self._line_sink(line, 0.0 if proc.stopping else 0.2):
+            # The engine already ignores lines of an incarnation being
+            # stopped; waiting for room for them would stall the stop itself.
+            if proc.stopping or self._closed:
+                self.counters.stale_lines_dropped += 1
+                return
+
+    def _unregister(self, pipe: _Pipe) -> None:
+        try:
+            self._selector.unregister(pipe.fd)
+        except (KeyError, ValueError):
+            pass
+        try:
+            os.close(pipe.fd)
+        except OSError:
+            pass
+        pipe.fd = -1
+
+    def _reap(self) -> None:
+        with self._lock:
+            procs = list(self._procs.values())
+        for proc in procs:
+            if not proc.registered:
+                continue  # its pipes are not being read yet; reap it next time
+            code = proc.popen.poll()
+            if code is None:
+                continue
+            # Read what the process wrote before it died, but do not wait for
+            # pipes that orphaned children still hold open.
+            for pipe in proc.pipes:
+                if pipe.fd >= 0:
+                    self._read(pipe)
+                    self._flush(pipe)
+                    self._unregister(pipe)
+            # Children left behind by a dead instance are orphans: end them,
+            # including those that started a session of their own.
+            _signal_group(proc.popen.pid, signal.SIGKILL)
+            self.counters.escaped_processes_killed += kill_incarnation(proc.token)
+            exit_code = 128 - code if code < 0 else code
+            self._sink(InstanceExited(job_id=self.job_id, time=now(), instance=proc.name,
+                                      round=proc.round, start=proc.start, exit_code=exit_code))
+            with self._lock:
+                if self._procs.get(proc.name) is proc:
+                    del self._procs[proc.name]
+            proc.gone.set()
+
+
+_SETPRIV = shutil.which("setpriv")
+
+
+def _resolve(command: Sequence[str], env: dict, cwd: Optional[str]) -> list[str]:
+    """The command with its program found as exec would find it, so that a
+    missing program is reported as ours (127) and not as setpriv's."""
+    program = command[0]
+    if os.sep in program:
+        path = program if os.path.isabs(program) else os.path.join(cwd or os.getcwd(), program)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        if not os.access(path, os.X_OK) or os.path.isdir(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+        return list(command)
+    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    return [found, *command[1:]]
+
+
+def _with_parent_death_signal(argv: list[str]) -> list[str]:
+    """The instance gets SIGKILL if its supervisor dies, even by SIGKILL, so
+    that no job outlives trainwarden or a node agent (util-linux setpriv).
+    Linux sends it when the *thread* that forked the child ends: instances
+    must be started from a thread that lives as long as the supervisor."""
+    if _SETPRIV is None:
+        return argv
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+
+
+def kill_incarnation(token: str) -> int:
+    """SIGKILL every process still carrying this incarnation's token in its
+    environment: descendants that left the process group (setsid, daemons)."""
+    if not token:
+        return 0
+    marker = f"TRAINWARDEN_TOKEN={token}".encode() + b"\0"
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+        except (OSError, ValueError):
+            continue
+    return killed
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _drain_wake(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass

@@ -1,0 +1,391 @@
+"""``trainwarden agent``: one per node.
+
+Executes start/stop commands addressed to its node, runs the instances as
+local processes (the same runtime as ``trainwarden run``), and ships what they
+do: output lines in batches to the logs topic (and to files for Vector),
+starts, exits with their last lines, and SDK messages to the events topic,
+plus a heartbeat and per-job activity every second.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from trainwarden.bus import COMMANDS, DEAD_LETTERS, EVENTS, LOGS, NODES, PREFIX, Bus, BusError, Message
+from trainwarden.bus.messages import (
+    DeadLetterMessage,
+    Heartbeat,
+    Line,
+    LogBatch,
+    RunningInstance,
+    StackDumps,
+    StartInstance,
+    StopInstances,
+)
+from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
+from trainwarden.diagnose.c4d import C4DFormatError, parse_line
+from trainwarden.diagnose.collect import configured, dump_instances
+from trainwarden.diagnose.stacks import dumps_to_json
+from trainwarden.events import Activity, Diagnosis, InstanceActivity, InstanceExited, InstanceStarted, LogLine
+from trainwarden.runtime.c4d_source import FileFollower
+from trainwarden.runtime.clock import now as clock_now
+from trainwarden.runtime.control import ControlServer, Incarnation, PendingReply
+from trainwarden.runtime.environment import instance_env, sdk_import_dir
+from trainwarden.runtime.inbox import Inbox
+from trainwarden.runtime.local import LocalRuntime
+
+TAIL_LINES = 500
+BATCH_S = 0.2
+BATCH_LINES = 500
+REPORT_S = 1.0
+# A start command older than this is from before a restart of this agent: the
+# actuator has long since placed that incarnation elsewhere.
+COMMAND_TTL_S = 60.0
+
+
+@dataclasses.dataclass
+class _Running:
+    job_id: str
+    instance: str
+    round: int
+    start: int
+    pid: int = 0
+    token: str = ""
+    last_output: float = 0.0
+    tail: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    batch: list = dataclasses.field(default_factory=list)
+    files: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class AgentCounters:
+    commands: int = 0
+    starts: int = 0
+    stops: int = 0
+    ignored_commands: int = 0
+    lines: int = 0
+    dead_letters: int = 0
+
+
+class Agent:
+    def __init__(self, bus: Bus, node: str, slots: int, log_dir: Path, address: str = "",
+                 clock: Callable[[], float] = clock_now, ship_logs: bool = True, c4d_log: Optional[Path] = None):
+        self.node = node
+        # False when Vector ships the log files: every line would arrive twice.
+        self.ship_logs = ship_logs
+        self.slots = slots
+        self.log_dir = Path(log_dir)
+        self.address = address or _own_address()
+        self.clock = clock
+        self.counters = AgentCounters()
+        self.inbox = Inbox()
+        self.control = ControlServer(deliver=self.inbox.put, on_refused=lambda reason, raw: None,
+                                     host="127.0.0.1")
+        self.sdk_path = sdk_import_dir(self.log_dir / ".sdk")
+        self.runtimes: dict[str, LocalRuntime] = {}
+        self.running: dict[tuple[str, str], _Running] = {}
+        self.producer = bus.producer()
+        self.consumer = bus.consumer([COMMANDS], f"{PREFIX}-agent-{node}", from_beginning=False)
+        self._next_batch = self._next_report = 0.0
+        self._ready = False
+        # The C4D agent's log on this node: the trusted diagnostic channel.
+        self.c4d = FileFollower(c4d_log, self._c4d_line) if c4d_log else None
+        self._stoppers: list[threading.Thread] = []
+        self._stoppers_by_key: dict[tuple[str, str], threading.Thread] = {}
+        self._deferred: list = []  # (stopper thread, start) waiting for a stop to finish
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self, stop: Callable[[], bool]) -> None:
+        while not stop():
+            try:
+                self.run_once()
+            except BusError:
+                time.sleep(0.5)
+
+    def run_once(self, timeout_s: float = 0.05) -> None:
+        commands = self.consumer.poll(timeout_s, max_records=100)
+        for record in commands:
+            self._command(record)
+        if self._deferred:
+            ready = [d for d in self._deferred if not d[0].is_alive()]
+            self._deferred = [d for d in self._deferred if d[0].is_alive()]
+            for _, launch in ready:
+                launch()
+        deadline = time.monotonic() + 0.2
+        while time.monotonic() < deadline:
+            item = self.inbox.get(0.0)
+            if item is None:
+                break
+            self._local(item)
+        now = self.clock()
+        if now >= self._next_batch:
+            self._ship_batches()
+            self._next_batch = now + BATCH_S
+        if now >= self._next_report and self.ready():
+            # Only a node that will see its commands may be offered work.
+            self._report(now)
+            self._next_report = now + REPORT_S
+        self.producer.flush()
+        if commands:
+            self.consumer.commit()
+
+    def ready(self) -> bool:
+        """Commands sent from now on reach this agent."""
+        if not self._ready:
+            self._ready = self.consumer.ready()
+        return self._ready
+
+    def close(self, grace_s: float = 10.0) -> None:
+        if self.c4d is not None:
+            self.c4d.close()
+        for runtime in self.runtimes.values():
+            runtime.stop_all(grace_s)
+        for thread in self._stoppers:
+            thread.join(grace_s + 10)
+        while (item := self.inbox.get(0.0)) is not None:
+            self._local(item)
+        self._ship_batches()
+        try:
+            self.producer.send(NODES, self.node, encode(Heartbeat(
+                node=self.node, time=self.clock(), slots=self.slots, address=self.address, leaving=True)))
+            self.producer.flush(5)
+        except BusError:
+            pass
+        for runtime in self.runtimes.values():
+            runtime.close(0)
+        self.control.close()
+        self.consumer.close()
+        self.producer.close()
+
+    # ------------------------------------------------------------ commands
+
+    def _command(self, record: Message) -> None:
+        try:
+            command = decode(COMMANDS, record.value)
+        except DecodeError as exc:
+            self._dead_letter(record, str(exc))
+            return
+        if command.node != self.node:
+            return
+        self.counters.commands += 1
+        if isinstance(command, StartInstance):
+            age = self.clock() - record.timestamp_ms / 1000 if record.timestamp_ms else 0.0
+            if age > COMMAND_TTL_S:
+                self.counters.ignored_commands += 1
+                return
+            self._start(command)
+        elif isinstance(command, StopInstances):
+            self._stop(command)
+
+    def _start(self, command: StartInstance) -> None:
+        key = (command.job_id, command.instance.name)
+        current = self.running.get(key)
+        if current is not None and (current.round, current.start) == (command.round, command.start):
+            self.counters.ignored_commands += 1
+            return
+        runtime = self.runtimes.get(command.job_id)
+        if runtime is None:
+            runtime = self.runtimes[command.job_id] = LocalRuntime(
+                command.job_id, self.inbox.put, self.node, line_sink=self.inbox.offer_line)
+        if current is not None:
+            for handle in current.files.values():
+                handle.close()
+            self.control.revoke(current.token)
+        token = self.control.issue_token(Incarnation(command.job_id, command.instance.name, command.round,
+                                                     command.start))
+        env = instance_env(
+            base=os.environ, job_id=command.job_id, spec=command.instance, world_size=command.world_size,
+            round_=command.round, start=command.start, max_restarts=command.max_restarts,
+            master_addr=command.master_addr, master_port=command.master_port,
+            control_address=self.control.address, token=token, sdk_path=self.sdk_path, extra=dict(command.env),
+        )
+        env["TRAINWARDEN_NODE"] = self.node
+        self.running[key] = _Running(command.job_id, command.instance.name, command.round, command.start,
+                                     token=token, last_output=self.clock())
+        self.counters.starts += 1
+        name = command.instance.name
+        older = {name: (current.round, current.start)} if current is not None else None
+        stopper = self._stoppers_by_key.get(key)
+
+        def launch() -> None:
+            if older is not None:
+                runtime.stop([name], 5.0, older)  # an older incarnation is still here
+            runtime.start(name, command.command, env, command.workdir or None, command.round, command.start)
+
+        if stopper is not None and stopper.is_alive():
+            # Its stack dump must see the old incarnation alive. The start
+            # waits, on this (main) thread: an instance gets SIGKILL when the
+            # thread that started it ends (parent-death signal).
+            self._deferred.append((stopper, launch))
+        else:
+            launch()
+
+    def _stop(self, command: StopInstances) -> None:
+        runtime = self.runtimes.get(command.job_id)
+        if runtime is None:
+            return
+        names = list(command.instances) or runtime.running()
+        if command.incarnations:
+            targets = {name: (round_, start) for name, round_, start in command.incarnations}
+        else:
+            # Resolved now, not in the background thread: by then a new
+            # incarnation may have taken the name.
+            targets = {name: (r.round, r.start) for name in names
+                       if (r := self.running.get((command.job_id, name))) is not None}
+        self.counters.stops += 1
+        tokens = {name: r.token for name in targets
+                  if (r := self.running.get((command.job_id, name))) is not None} if command.snapshot_report else {}
+        # In the background: a grace period (or a stack dump) must not delay heartbeats.
+        thread = threading.Thread(target=self._dump_then_stop, daemon=True,
+                                  args=(runtime, command, list(targets), targets, tokens))
+        thread.start()
+        self._stoppers = [t for t in self._stoppers if t.is_alive()] + [thread]
+        for name in targets:
+            self._stoppers_by_key[(command.job_id, name)] = thread
+
+    def _dump_then_stop(self, runtime: LocalRuntime, command: StopInstances, names: list,
+                        targets: dict, tokens: dict) -> None:
+        if command.snapshot_report:
+            tools, timeout = configured()
+            try:
+                dumps, missing = dump_instances(tokens, tools, timeout)
+            except Exception as exc:  # noqa: BLE001 - a failed dump must not keep the instances alive
+                dumps, missing = [], [f"{self.node}: stack dump failed: {exc!r}"]
+            try:
+                self.producer.send(NODES, self.node, encode(StackDumps(
+                    node=self.node, job_id=command.job_id, report_id=command.snapshot_report, time=self.clock(),
+                    dumps_json=dumps_to_json(dumps), missing=tuple(missing))))
+            except BusError:
+                pass  # the report will say this node's dumps are missing
+        runtime.stop(names, command.grace_s, targets)
+
+    # ------------------------------------------------------ local events
+
+    def _local(self, item) -> None:
+        if isinstance(item, PendingReply):
+            self._sdk(item)
+            return
+        if isinstance(item, tuple) and item[0] == "c4d":
+            self._diagnosis(item[1])
+            return
+        running = self.running.get((item.job_id, item.instance))
+        if running is None or (running.round, running.start) != (item.round, item.start):
+            return  # a stopped incarnation's last words: the engine would ignore them anyway
+        if isinstance(item, LogLine):
+            self.counters.lines += 1
+            running.last_output = item.time
+            running.tail.append(item.text)
+            running.batch.append(Line(item.time, item.stream, item.text))
+            self._write_file(running, item)
+            if len(running.batch) >= BATCH_LINES:
+                self._ship(running)
+        elif isinstance(item, InstanceStarted):
+            running.pid = item.pid
+            self.producer.send(EVENTS, item.job_id, encode(item))
+        elif isinstance(item, InstanceExited):
+            self._ship(running)
+            for handle in running.files.values():
+                handle.close()
+            del self.running[(item.job_id, item.instance)]
+            self.control.revoke(running.token)
+            exited = InstanceExited(job_id=item.job_id, time=item.time, instance=item.instance, round=item.round,
+                                    start=item.start, exit_code=item.exit_code, tail=tuple(running.tail))
+            self.producer.send(EVENTS, item.job_id, encode(exited))
+
+    def _c4d_line(self, line: str) -> None:
+        """From the follower's thread: hand the finding to the main loop."""
+        self.inbox.put(("c4d", line))
+
+    def _diagnosis(self, line: str) -> None:
+        try:
+            finding = parse_line(line)
+        except C4DFormatError as exc:
+            self.counters.dead_letters += 1
+            self.producer.send(DEAD_LETTERS, f"agent-{self.node}", encode(DeadLetterMessage(
+                time=self.clock(), service=f"agent-{self.node}", topic="c4d", partition=-1, offset=-1,
+                key=self.node, error=str(exc), value=line[:16384])))
+            return
+        if finding is None:
+            return
+        # A finding names a job, or concerns every job with instances on this node.
+        jobs = [finding.job] if finding.job else sorted({r.job_id for r in self.running.values()})
+        for job_id in jobs:
+            self.producer.send(EVENTS, job_id, encode(Diagnosis(
+                job_id=job_id, time=self.clock(), node=finding.node or self.node, source="c4d", kind=finding.kind,
+                level=finding.level, rank=finding.rank, detail=finding.detail)))
+
+    def _sdk(self, pending: PendingReply) -> None:
+        if not pending.take():
+            return
+        message = pending.message
+        try:
+            self.producer.send(EVENTS, message.job_id, encode(message))
+            # Durable in the job's ordered partition before the call returns:
+            # an exit reported later is judged with this message already known.
+            self.producer.flush(10)
+        except BusError as exc:
+            pending.resolve(False, f"the event bus did not take the message: {exc}")
+            return
+        pending.resolve(True, "taken")
+
+    def _write_file(self, running: _Running, line: LogLine) -> None:
+        handle = running.files.get(line.stream)
+        if handle is None:
+            directory = self.log_dir / running.job_id / running.instance
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / f"r{running.round}-s{running.start}.{line.stream.value}.log"
+            handle = running.files[line.stream] = open(path, "a", encoding="utf-8", errors="replace")
+        handle.write(line.text + "\n")
+
+    # ------------------------------------------------------------ shipping
+
+    def _ship(self, running: _Running) -> None:
+        if not running.batch:
+            return
+        if not self.ship_logs:
+            running.batch = []
+            for handle in running.files.values():
+                handle.flush()
+            return
+        batch = LogBatch(job_id=running.job_id, node=self.node, instance=running.instance, round=running.round,
+                         start=running.start, lines=tuple(running.batch))
+        running.batch = []
+        self.producer.send(LOGS, running.job_id, encode(batch))
+        for handle in running.files.values():
+            handle.flush()
+
+    def _ship_batches(self) -> None:
+        for running in list(self.running.values()):
+            self._ship(running)
+
+    def _report(self, now: float) -> None:
+        by_job: dict[str, list[_Running]] = collections.defaultdict(list)
+        for running in self.running.values():
+            by_job[running.job_id].append(running)
+        for job_id, items in by_job.items():
+            self.producer.send(EVENTS, job_id, encode(InstanceActivity(
+                job_id=job_id, time=now, node=self.node,
+                instances=tuple(Activity(r.instance, r.round, r.start, r.last_output) for r in items))))
+        self.producer.send(NODES, self.node, encode(Heartbeat(
+            node=self.node, time=now, slots=self.slots, address=self.address,
+            running=tuple(RunningInstance(r.job_id, r.instance, r.round, r.start, r.pid)
+                          for r in self.running.values()))))
+
+    def _dead_letter(self, record: Message, error: str) -> None:
+        self.counters.dead_letters += 1
+        self.producer.send(DEAD_LETTERS, f"agent-{self.node}", dead_letter(record, f"agent-{self.node}", error, self.clock()))
+
+
+def _own_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

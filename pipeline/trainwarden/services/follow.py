@@ -1,0 +1,80 @@
+"""Submitting a job to the cluster and following it to its end."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+from trainwarden.bus import DECISIONS, EVENTS, LOGS, Bus
+from trainwarden.bus.messages import LogBatch, WireLogLine
+from trainwarden.bus.serde import DecodeError, decode, encode
+from trainwarden.events import Decision, DecisionKind, JobSpec, JobSubmitted, LogLine, RoleSpec
+from trainwarden.jobspec import JobDefinition
+from trainwarden.runtime.clock import now as clock_now
+
+
+def job_submitted(job: JobDefinition) -> JobSubmitted:
+    spec = JobSpec(
+        roles=tuple(RoleSpec(r.name, r.count, r.command, r.env) for r in job.roles),
+        workdir=job.workdir or "", env=job.env, stop_grace_s=job.stop_grace_s,
+    )
+    return JobSubmitted(job_id=job.job_id, time=clock_now(), framework=job.framework, args=job.args,
+                        instances=job.instances(), spec=spec, activity_reports=True)
+
+
+def submit(bus: Bus, job: JobDefinition) -> None:
+    producer = bus.producer()
+    try:
+        producer.send(EVENTS, job.job_id, encode(job_submitted(job)))
+        producer.flush(30)
+    finally:
+        producer.close()
+
+
+class Follower:
+    """Streams one job's output and decisions; ends at its last decision."""
+
+    def __init__(self, bus: Bus, job_id: str):
+        self.job_id = job_id
+        self.consumer = bus.consumer([LOGS, DECISIONS], None, from_beginning=False)
+        self.outcome: Optional[Decision] = None
+
+    def ready(self, timeout_s: float = 30.0) -> bool:
+        """Partitions assigned: nothing produced from now on will be missed."""
+        deadline = time.monotonic() + timeout_s
+        while not self.consumer.ready() and time.monotonic() < deadline:
+            self.consumer.poll(0.1)
+        return self.consumer.ready()
+
+    def follow(self, on_line: Callable[[LogLine], None], on_decision: Callable[[Decision], None],
+               timeout_s: Optional[float] = None) -> Optional[Decision]:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self.outcome is None and (deadline is None or time.monotonic() < deadline):
+            for record in self.consumer.poll(0.2, max_records=2000):
+                if record.key != self.job_id:
+                    continue
+                try:
+                    message = decode(record.topic, record.value)
+                except DecodeError:
+                    continue
+                if record.topic == DECISIONS:
+                    on_decision(message)
+                    if message.kind in (DecisionKind.COMPLETE_JOB, DecisionKind.FAIL_JOB):
+                        self.outcome = message
+                else:
+                    for line in _lines(message):
+                        on_line(line)
+        return self.outcome
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _lines(message) -> list[LogLine]:
+    if isinstance(message, WireLogLine):
+        return [LogLine(job_id=message.job_id, time=message.time, instance=message.instance, round=message.round,
+                        start=message.start, text=message.text, stream=message.stream)]
+    if isinstance(message, LogBatch):
+        return [LogLine(job_id=message.job_id, time=line.time, instance=message.instance, round=message.round,
+                        start=message.start, text=line.text, stream=line.stream) for line in message.lines]
+    return []

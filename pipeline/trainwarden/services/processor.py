@@ -1,0 +1,242 @@
+"""``trainwarden processor``: the engine over the bus.
+
+A consumer group on the events and logs topics. For each job it keeps the
+engine's state, steps it with every event and with a tick every 0.2 s, and
+publishes decisions, each also recorded in the job's event partition
+(``decision_record``) so that a successor can rebuild the state.
+
+Recovery is replay: a processor that is assigned an events partition reads it
+from the start. Decisions that events cause are derived again (same action
+ids); decisions that timers caused are re-applied from their records, at the
+offset where they were taken; a derived decision without a record (its
+predecessor died between deciding and recording) is published again. The
+actuator executes each action id once, so a replay never acts twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Callable, Optional
+
+from trainwarden.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, PREFIX, Bus, BusError, Message
+from trainwarden.bus.messages import DecisionRecord, LogBatch, WireLogLine
+from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
+from trainwarden.engine import JobState, start_job, step
+from trainwarden.engine.decide import apply
+from trainwarden.events import Decision, JobSubmitted, LogLine, Tick
+from trainwarden.rules.model import RulePack
+from trainwarden.runtime.clock import now as clock_now
+
+GROUP = f"{PREFIX}-processor"
+TICK_S = 0.2
+
+
+@dataclasses.dataclass
+class ProcessorCounters:
+    events: int = 0
+    log_lines: int = 0
+    decisions: int = 0
+    dead_letters: int = 0
+    replayed: int = 0
+    republished: int = 0
+    unknown_job: int = 0
+    duplicate_submissions: int = 0
+
+
+@dataclasses.dataclass
+class _Replay:
+    end: int  # offset where live processing starts
+    records: list = dataclasses.field(default_factory=list)
+    logs: list = dataclasses.field(default_factory=list)  # log records of this partition held until the replay ends
+
+
+class Processor:
+    def __init__(self, bus: Bus, pack: RulePack, group: str = GROUP, tick_s: float = TICK_S,
+                 clock: Callable[[], float] = clock_now, on_decision: Optional[Callable[[Decision], None]] = None):
+        self.bus = bus
+        self.pack = pack
+        self.tick_s = tick_s
+        self.clock = clock
+        self.on_decision = on_decision
+        self.counters = ProcessorCounters()
+        self.jobs: dict[str, JobState] = {}
+        self.partition_of: dict[str, int] = {}
+        self.last_offset: dict[int, int] = {}  # events partition -> last offset processed
+        self.replays: dict[int, _Replay] = {}
+        self._assigned: list = []
+        self.producer = bus.producer()
+        self.consumer = bus.consumer([EVENTS, LOGS], group, from_beginning=True, on_assign=self._assigned.extend)
+        self._next_tick = clock() + tick_s
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self, stop: Callable[[], bool]) -> None:
+        while not stop():
+            try:
+                self.run_once()
+            except BusError:
+                time.sleep(0.5)  # the broker is away; the client reconnects by itself
+
+    def run_once(self, timeout_s: Optional[float] = None) -> None:
+        wait = self.tick_s if timeout_s is None else timeout_s
+        records = self.consumer.poll(max(0.0, min(wait, self._next_tick - self.clock())), max_records=2000)
+        self._take_assignments()
+        for record in records:
+            self._route(record)
+        self._finish_replays()
+        if self.clock() >= self._next_tick:
+            self._tick()
+            self._next_tick = self.clock() + self.tick_s
+        self.producer.flush()
+        self.consumer.commit()
+
+    def close(self) -> None:
+        try:
+            self.producer.flush(5)
+        finally:
+            self.consumer.close()
+            self.producer.close()
+
+    # ---------------------------------------------------------- partitions
+
+    def _take_assignments(self) -> None:
+        if not self._assigned:
+            return
+        assigned, self._assigned[:] = list(self._assigned), []
+        partitions = [p for topic, p in assigned if topic == EVENTS]
+        for partition in partitions:
+            for job_id in [j for j, p in self.partition_of.items() if p == partition]:
+                self.jobs.pop(job_id, None)
+                self.partition_of.pop(job_id, None)
+            end = self.consumer.end_offset(EVENTS, partition)
+            if end > 0:
+                self.replays[partition] = _Replay(end=end)
+        self.consumer.seek_to_beginning([(EVENTS, p) for p in partitions])
+
+    def _route(self, record: Message) -> None:
+        if record.topic == EVENTS:
+            replay = self.replays.get(record.partition)
+            if replay is not None and record.offset < replay.end:
+                replay.records.append(record)
+                return
+            self._event(record, live=True)
+        elif record.partition in self.replays:
+            # The jobs of this partition are being rebuilt: their lines wait
+            # (they are not committed-and-lost, and they still count).
+            self.replays[record.partition].logs.append(record)
+        else:
+            self._logs(record)
+
+    # --------------------------------------------------------------- events
+
+    def _decode(self, record: Message, kind: str, report: bool = True):
+        try:
+            return decode(kind, record.value)
+        except DecodeError as exc:
+            if report:  # a replay meets messages that were dead-lettered the first time
+                self._dead_letter(record, str(exc))
+            return None
+
+    def _event(self, record: Message, live: bool) -> list[Decision]:
+        message = self._decode(record, EVENTS, report=live)
+        self.last_offset[record.partition] = record.offset
+        if message is None or isinstance(message, DecisionRecord):
+            return []  # our own records matter only to a replay
+        self.counters.events += 1
+        now = self.clock() if live else message.time
+        if isinstance(message, JobSubmitted):
+            if message.job_id in self.jobs:
+                self.counters.duplicate_submissions += 1
+                return []
+            state, decisions = start_job(message, self.pack, now)
+            self.jobs[message.job_id] = state
+            self.partition_of[message.job_id] = record.partition
+        else:
+            state = self.jobs.get(message.job_id)
+            if state is None:
+                self.counters.unknown_job += 1
+                return []
+            self.jobs[message.job_id], decisions = step(state, message, now)
+        if live:
+            self._publish(decisions, record.partition)
+        return decisions
+
+    def _logs(self, record: Message) -> None:
+        message = self._decode(record, LOGS)
+        if message is None:
+            return
+        state = self.jobs.get(message.job_id)
+        if state is None:
+            self.counters.unknown_job += 1
+            return  # exits carry their own tails; lines of an unknown job add nothing
+        if isinstance(message, WireLogLine):
+            lines = [(message.time, message.stream, message.text)]
+        else:
+            assert isinstance(message, LogBatch)
+            lines = [(line.time, line.stream, line.text) for line in message.lines]
+        for when, stream, text in lines:
+            self.counters.log_lines += 1
+            event = LogLine(job_id=message.job_id, time=when, instance=message.instance, round=message.round,
+                            start=message.start, text=text, stream=stream)
+            state, decisions = step(state, event, self.clock())
+            self._publish(decisions, record.partition)
+        self.jobs[message.job_id] = state
+
+    def _tick(self) -> None:
+        now = self.clock()
+        for job_id, state in list(self.jobs.items()):
+            partition = self.partition_of.get(job_id)
+            if state.finished or partition in self.replays:
+                continue
+            self.jobs[job_id], decisions = step(state, Tick(job_id=job_id, time=now), now)
+            self._publish(decisions, partition)
+
+    # ---------------------------------------------------------------- replay
+
+    def _finish_replays(self) -> None:
+        for partition, replay in list(self.replays.items()):
+            if replay.records and replay.records[-1].offset >= replay.end - 1:
+                del self.replays[partition]
+                self._replay(partition, replay.records)
+                for record in replay.logs:
+                    self._logs(record)
+
+    def _replay(self, partition: int, records: list[Message]) -> None:
+        records.sort(key=lambda r: r.offset)
+        recorded: dict[str, Decision] = {}
+        timer_decisions: dict[int, list[Decision]] = collections.defaultdict(list)
+        for record in records:
+            message = self._decode(record, EVENTS, report=False)
+            if isinstance(message, DecisionRecord):
+                recorded[message.decision.action_id] = message.decision
+                timer_decisions[message.after_offset].append(message.decision)
+        derived: dict[str, Decision] = {}
+        for record in records:
+            self.counters.replayed += 1
+            for decision in self._event(record, live=False):
+                derived[decision.action_id] = decision
+            for decision in timer_decisions.get(record.offset, ()):
+                state = self.jobs.get(decision.job_id)
+                if decision.action_id not in derived and state is not None and not state.finished:
+                    apply(state, decision)
+                    derived[decision.action_id] = decision
+        lost = [d for action, d in derived.items() if action not in recorded]
+        self.counters.republished += len(lost)
+        self._publish(lost, partition)
+
+    # ------------------------------------------------------------ output
+
+    def _publish(self, decisions: list[Decision], partition: Optional[int]) -> None:
+        for decision in decisions:
+            self.counters.decisions += 1
+            self.producer.send(DECISIONS, decision.job_id, encode(decision))
+            after = self.last_offset.get(partition, -1) if partition is not None else -1
+            self.producer.send(EVENTS, decision.job_id, encode(DecisionRecord(decision, after)))
+            if self.on_decision is not None:
+                self.on_decision(decision)
+
+    def _dead_letter(self, record: Message, error: str) -> None:
+        self.counters.dead_letters += 1
+        self.producer.send(DEAD_LETTERS, "processor", dead_letter(record, "processor", error, self.clock()))

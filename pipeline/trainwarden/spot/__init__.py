@@ -1,0 +1,5 @@
+"""Spot (preemptible) capacity: bids in job files, market providers, simulation.
+
+The lifecycle itself (queue, preemption, requeue, resume, cost) is decided by
+the pure engine (``pipeline/trainwarden/engine/spot.py``) from ``MarketUpdate`` events.
+"""
