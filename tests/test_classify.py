@@ -42,7 +42,7 @@ def test_broad_user_errors_are_told_apart_by_their_message():
 
 def test_only_the_bounded_tail_is_scanned():
     lines = ["RuntimeError: NCCL error"] + ["ok"] * PACK.tail_lines
-    assert classify(PACK, 1, lines).rule == "user_exit_code"
+    assert classify(PACK, 1, lines).rule == "fallback"
 
 
 def test_an_old_warning_does_not_outrank_the_final_traceback():
@@ -54,8 +54,16 @@ def test_an_old_warning_does_not_outrank_the_final_traceback():
 
 def test_an_infrastructure_error_inside_the_final_traceback_still_wins():
     tail = ["step 9", "Traceback (most recent call last):", '  File "train.py", line 10',
-            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1275, remote process exited"]
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system error"]
     assert classify(PACK, 1, tail).rule == "nccl_error"
+
+
+def test_a_remote_process_that_exited_is_aftermath_not_an_error_of_its_own():
+    tail = ["Traceback (most recent call last):", '  File "train.py", line 10',
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1275, remote process exited "
+            "or there was a network error, NCCL version 2.21.5"]
+    verdict = classify(PACK, 1, tail)
+    assert verdict.rule == "nccl_peer_gone" and verdict.aftermath and verdict.verdict.value == "unknown"
 
 
 def test_kills_at_different_points_are_the_same_error():

@@ -14,7 +14,8 @@ def test_classify_prints_the_verdict_as_json(cli, tmp_path):
     result = cli("classify", "--exit-code", "134", "--json", str(log))
     assert result.code == 0, result
     verdict = json.loads(result.out)
-    assert verdict["retryable"] is True and verdict["category"] == "collective_timeout"
+    assert verdict["retryable"] is True and verdict["verdict"] == "retryable"
+    assert verdict["category"] == "collective_timeout"
     assert verdict["rule"] == "nccl_watchdog_timeout" and verdict["exit_code"] == 134
 
 
@@ -23,6 +24,55 @@ def test_classify_reads_standard_input_and_takes_custom_keywords(cli):
     assert json.loads(result.out)["rule"] == "sdk:custom_keyword"
     plain = cli("classify", "-", input="ModuleNotFoundError: No module named 'x'\n")
     assert plain.code == 0 and "not retryable" in plain.out and "missing_module" in plain.out
+
+
+GLOO_CLOSED = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+               "Connection closed by peer [127.0.0.1]:40123\n")
+SHAPE_ERROR = ("Traceback (most recent call last):\n  File \"/job/train.py\", line 40, in <module>\n"
+               "RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x16 and 32x4)\n")
+
+
+def test_classify_takes_the_negative_exit_code_torchelastic_reports_for_a_signal(cli, tmp_path):
+    log = tmp_path / "worker-0.log"
+    log.write_text("step 12 loss 0.31\n")
+    minus, plus = (json.loads(cli("classify", "--json", f"--exit-code={code}", str(log)).out) for code in (-9, 137))
+    assert minus["verdict"] == plus["verdict"] == "retryable"
+    assert minus["rule"] == plus["rule"] == "killed_by_platform" and minus["exit_code"] == -9
+
+
+def test_classify_judges_several_instances_as_one_failure_with_the_root_cause_deciding(cli, tmp_path):
+    (tmp_path / "worker-0.log").write_text(GLOO_CLOSED)
+    (tmp_path / "worker-1.log").write_text(SHAPE_ERROR)
+    (tmp_path / "worker-2.log").write_text(GLOO_CLOSED)
+    result = cli("classify", "--json", *(str(tmp_path / f"worker-{i}.log") for i in range(3)))
+    assert result.code == 0, result
+    judged = json.loads(result.out)
+    assert judged["verdict"] == "not_retryable" and judged["category"] == "user_shape_error"
+    assert judged["root_cause"]["instance"] == "worker-1"
+    assert [(c["instance"], c["consequence"]) for c in judged["consequences"]] == [
+        ("worker-0", True), ("worker-2", True)]
+    # A directory is its files.
+    assert json.loads(cli("classify", "--json", str(tmp_path)).out)["root_cause"]["instance"] == "worker-1"
+
+
+def test_classify_explain_shows_the_evidence_weighed_and_why_the_root_won(cli, tmp_path):
+    (tmp_path / "worker-0.log").write_text(GLOO_CLOSED)
+    (tmp_path / "worker-1.log").write_text(SHAPE_ERROR)
+    result = cli("classify", "--explain", str(tmp_path / "worker-0.log"), str(tmp_path / "worker-1.log"))
+    assert result.code == 0, result
+    assert "root cause: worker-1 (exit code 1; first own error)" in result.out
+    assert "consequence: worker-0: connection_lost (peer_closed_connection)" in result.out
+    assert "shape_error [own, priority 58]" in result.out and "peer_closed_connection [aftermath" in result.out
+    assert "raised in user" in result.out
+
+
+def test_classify_refuses_exit_codes_that_do_not_fit_the_files(cli, tmp_path):
+    (tmp_path / "a.log").write_text("x\n")
+    (tmp_path / "b.log").write_text("y\n")
+    result = cli("classify", "--exit-code", "1", "--exit-code", "2", "--exit-code", "3",
+                 str(tmp_path / "a.log"), str(tmp_path / "b.log"))
+    assert result.code == 2 and "3 --exit-code values for 2 files" in result.err
+    assert cli("classify", "--exit-code", "300", "-", input="x").code == 2
 
 
 def test_classify_of_a_missing_file_is_a_clear_usage_error(cli):

@@ -1,25 +1,30 @@
-"""The verdict on a failed instance: from its exit code and the tail of its log.
+"""The verdict on one failed instance: from its exit code and the tail of its log.
 
-Pure: the rule pack's classifiers are tried against the exit code and the
-bounded tail; the highest priority match wins (ties: the earlier rule). The
+Pure. Facts are read from the tail once (the last Python traceback, the
+signal that ended the process); then every catalogue classifier whose
+conditions all hold is a candidate (its exit codes, signals, exception
+types, the place the exception was raised, a pattern on a tail line). An
+error of the instance's own beats aftermath (a peer closed the connection);
+among equals the highest priority wins, ties go to the earlier rule. The
 job's custom keywords (SDK ``set_retryable_errors``) are plain,
-case-insensitive substrings that mark the failure retryable.
+case-insensitive substrings that mark the failure retryable. No candidate
+at all is the third verdict, unknown.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
-from trainwarden.rules.model import Classifier, RulePack
+from trainwarden.evidence.facts import FACTS
+from trainwarden.evidence.ranks import strip_prefix
+from trainwarden.evidence.signals import canonical_exit_code, signal_death
+from trainwarden.evidence.traceback import TRACEBACK_START, TracebackInfo, last_traceback, parse_exception
+from trainwarden.rules.model import Classifier, Retryability, RulePack
 
-# Output of several ranks interleaves with prefixes such as "[rank3]:" or
-# "[default0]:"; they are not part of the error.
-_RANK_PREFIX = re.compile(r"^(?:\[[\w.-]+\]:?\s*)+")
-_EXCEPTION_LINE = re.compile(
-    r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning|Fault)\b(?::|$)"
-)
+__all__ = ["Candidate", "Verdict", "classify", "final_region", "last_exception_line", "normalise", "strip_prefix"]
+
 _MASKS = (
     (re.compile(r"0x[0-9a-fA-F]+"), "<hex>"),
     (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"), "<uuid>"),
@@ -29,22 +34,45 @@ _MASKS = (
 MAX_SIGNATURE = 300
 # Without a traceback, the final error region is this many last lines.
 FINAL_REGION_LINES = 60
-_TRACEBACK_START = "Traceback (most recent call last)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One piece of evidence weighed: a classifier whose conditions held."""
+
+    rule: str
+    category: str
+    verdict: Retryability
+    priority: int
+    line: str  # the tail line a pattern matched ("" for exit-code or structural evidence alone)
+    aftermath: bool
+    # "own": an error the instance reported itself (a pattern, a fact);
+    # "structure": the exception's type and where it was raised;
+    # "exit": the exit code or signal alone; "aftermath".
+    kind: str
 
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    retryable: bool
+    verdict: Retryability
     category: str
     rule: str  # classifier name, "sdk:custom_keyword", or "fallback"
     matched_line: str  # the tail line that decided ("" when the exit code alone did)
     signature: str  # normalised error signature for same-error counting
     message: str  # the most telling line of the tail, for people
     priority: int = 0
+    # Decided by aftermath only: the failure is a consequence of another's.
+    aftermath: bool = False
+    kind: str = "none"  # the winning candidate's kind: own, structure, exit, aftermath, keyword, none
+    exit_code: int = 0  # canonical: a signal N as 128+N
+    exception: str = ""  # the last traceback's exception type
+    raised_in: str = ""  # where it was raised (evidence.traceback.Origin value)
+    signal: int = 0
+    evidence: tuple[Candidate, ...] = ()  # every candidate, the winner first
 
-
-def strip_prefix(line: str) -> str:
-    return _RANK_PREFIX.sub("", line).strip()
+    @property
+    def retryable(self) -> bool:
+        return self.verdict is Retryability.RETRYABLE
 
 
 def normalise(text: str) -> str:
@@ -59,7 +87,8 @@ def last_exception_line(tail: Sequence[str], strict: bool = False) -> str:
     """The last line that names an exception; unless strict, else the last non-empty line."""
     for line in reversed(tail):
         stripped = strip_prefix(line)
-        if _EXCEPTION_LINE.match(stripped):
+        if parse_exception(stripped) is not None and not stripped.endswith("Warning") and \
+                "Warning:" not in stripped.split(" ", 1)[0]:
             return stripped
     if strict:
         return ""
@@ -74,18 +103,107 @@ def final_region(tail: Sequence[str]) -> Sequence[str]:
     or the last lines when there is none. A warning printed long before (a
     retried connection at start-up) must not outrank the error that ended it."""
     for index in range(len(tail) - 1, -1, -1):
-        if _TRACEBACK_START in tail[index]:
+        if TRACEBACK_START in tail[index]:
             return tail[index:]
     return tail[-FINAL_REGION_LINES:]
 
 
-def _first_match(classifier: Classifier, tail: Sequence[str]) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class _Facts:
+    exit_code: int
+    signal: int
+    traceback: Optional[TracebackInfo]
+    exception_types: tuple[str, ...]  # the last exception and the causes chained before it
+    named: dict  # fact name -> the line showing it (only facts that hold)
+
+
+def _facts(pack: RulePack, exit_code: int, tail: Sequence[str]) -> _Facts:
+    death = signal_death(exit_code, tail)
+    info = last_traceback(tail)
+    types: tuple[str, ...] = ()
+    if info is not None and info.exception:
+        types = (info.exception, *info.causes)
+    else:
+        line = last_exception_line(final_region(tail), strict=True)
+        found = parse_exception(line) if line else None
+        if found is not None:
+            types = (found[0],)
+    wanted = {name for classifier in pack.classifiers for name in classifier.facts}
+    named = {}
+    for name in wanted:
+        line = FACTS[name](tail)
+        if line is not None:
+            named[name] = line
+    return _Facts(canonical_exit_code(exit_code), death.signal if death else 0, info, types, named)
+
+
+def _type_matches(wanted: tuple[str, ...], types: tuple[str, ...]) -> bool:
+    for actual in types:
+        short = actual.rsplit(".", 1)[-1]
+        for name in wanted:
+            if name == actual or name == short or actual.endswith("." + name):
+                return True
+    return False
+
+
+def _structure_holds(classifier: Classifier, facts: _Facts) -> bool:
+    if classifier.signals and facts.signal not in classifier.signals:
+        return False
+    if classifier.exceptions and not _type_matches(classifier.exceptions, facts.exception_types):
+        return False
+    if classifier.facts and not all(name in facts.named for name in classifier.facts):
+        return False
+    if classifier.raised_in:
+        info = facts.traceback
+        if info is None or info.raised_in is None or info.raised_in.value not in classifier.raised_in:
+            return False
+    return True
+
+
+def _first_match(classifier: Classifier, lines: Sequence[str]) -> Optional[str]:
     # Later lines are nearer the failure, so search from the end.
-    for line in reversed(tail):
+    for line in reversed(lines):
         for pattern in classifier.patterns:
             if pattern.search(line):
                 return line
     return None
+
+
+def _candidates(pack: RulePack, facts: _Facts, lines: Sequence[str]) -> list[tuple[Classifier, str, int]]:
+    found = []
+    for order, classifier in enumerate(pack.classifiers):
+        if not classifier.matches_exit_code(facts.exit_code) or not _structure_holds(classifier, facts):
+            continue
+        line = facts.named[classifier.facts[0]] if classifier.facts else ""
+        if classifier.patterns:
+            matched = _first_match(classifier, lines)
+            if matched is None:
+                continue
+            line = matched
+        found.append((classifier, line, order))
+    return found
+
+
+def _kind(classifier: Classifier) -> str:
+    if classifier.aftermath:
+        return "aftermath"
+    if classifier.patterns or classifier.facts:
+        return "own"
+    if classifier.exceptions or classifier.raised_in:
+        return "structure"
+    return "exit"
+
+
+# An error named by a pattern beats aftermath (a RuntimeError raised inside
+# torch that says "Connection closed by peer" is aftermath, not a torch
+# bug), which beats the exception's type and place alone, which beat the
+# exit code alone.
+_KIND_RANK = {"own": 3, "aftermath": 2, "structure": 1, "exit": 0}
+
+
+def _rank(entry: tuple[Classifier, str, int]) -> tuple:
+    classifier, _, order = entry
+    return (_KIND_RANK[_kind(classifier)], classifier.priority, -order)
 
 
 def classify(
@@ -95,74 +213,75 @@ def classify(
     custom_keywords: Iterable[str] = (),
 ) -> Verdict:
     tail = list(tail)[-pack.tail_lines:]
-    best = _best(pack, exit_code, final_region(tail), need_pattern=True) or _best(pack, exit_code, tail)
+    facts = _facts(pack, exit_code, tail)
+    region = final_region(tail)
+    found = _candidates(pack, facts, region)
+    if not any(_kind(c) in ("own", "aftermath") for c, _, _ in found):
+        # Nothing said in the final region (a traceback cut short, a
+        # launcher's summary): what the whole tail says.
+        found = _candidates(pack, facts, tail)
+    found.sort(key=_rank, reverse=True)
+    evidence = tuple(Candidate(c.name, c.category, c.verdict, c.priority, strip_prefix(line) if line else "",
+                               c.aftermath, _kind(c)) for c, line, _ in found)
+    info = facts.traceback
+    common = dict(exit_code=facts.exit_code, exception=facts.exception_types[0] if facts.exception_types else "",
+                  raised_in=info.raised_in.value if info is not None and info.raised_in is not None else "",
+                  signal=facts.signal, evidence=evidence)
+    best = found[0] if found else None
 
     keyword_hit = _keyword_match(custom_keywords, tail)
-    if keyword_hit is not None and (best is None or pack.custom_keyword_priority >= best[0]):
+    if keyword_hit is not None and (best is None or pack.custom_keyword_priority >= best[0].priority
+                                    or best[0].aftermath):
         keyword, line = keyword_hit
         return Verdict(
-            retryable=True,
+            verdict=Retryability.RETRYABLE,
             category="custom_keyword",
             rule="sdk:custom_keyword",
             matched_line=strip_prefix(line),
             signature=f"sdk:custom_keyword:{keyword.lower()}",
             message=strip_prefix(line),
             priority=pack.custom_keyword_priority,
+            kind="keyword",
+            **common,
         )
     if best is None:
         exception = last_exception_line(tail, strict=True)
         return Verdict(
-            retryable=pack.fallback_retryable,
+            verdict=pack.fallback_verdict,
             category=pack.fallback_category,
             rule="fallback",
             matched_line="",
             signature=normalise(exception) or "fallback",
             message=exception or last_exception_line(tail),
+            **common,
         )
-    priority, _, classifier, line = best
-    message = strip_prefix(line) if line else last_exception_line(tail)
-    # A pattern names the error by itself; an exit-code rule says little, so
-    # the last exception line (if there is one: a progress line is not an
-    # error) tells same errors apart.
+    classifier, line, _ = best
+    structural_line = (f"{info.exception}: {info.message}".rstrip(": ")
+                       if info is not None and info.exception and (classifier.exceptions or classifier.raised_in)
+                       else "")
+    evidence_line = strip_prefix(line) if line else structural_line or last_exception_line(tail, strict=True)
+    message = strip_prefix(line) if line else structural_line or last_exception_line(tail)
+    # A pattern names the error by itself; an exit-code or structural rule
+    # says less, so the exception line tells same errors apart.
     if classifier.patterns and classifier.signature == "rule":
         signature = classifier.name
     else:
-        evidence = strip_prefix(line) if line else last_exception_line(tail, strict=True)
-        signature = f"{classifier.name}:{normalise(evidence)}" if evidence else classifier.name
+        signature = f"{classifier.name}:{normalise(evidence_line)}" if evidence_line else classifier.name
     return Verdict(
-        retryable=classifier.retryable,
+        verdict=classifier.verdict,
         category=classifier.category,
         rule=classifier.name,
         matched_line=strip_prefix(line) if line else "",
         signature=signature,
         message=message,
-        priority=priority,
+        priority=classifier.priority,
+        aftermath=classifier.aftermath,
+        kind=_kind(classifier),
+        **common,
     )
 
 
-def _best(pack: RulePack, exit_code: int, lines: Sequence[str],
-          need_pattern: bool = False) -> tuple[int, int, Classifier, str] | None:
-    """The winning classifier over these lines: (priority, -order, classifier, matched line).
-    With need_pattern, None unless some pattern matched in these lines."""
-    best: tuple[int, int, Classifier, str] | None = None
-    pattern_matched = False
-    for order, classifier in enumerate(pack.classifiers):
-        if not classifier.matches_exit_code(exit_code):
-            continue
-        line = ""
-        if classifier.patterns:
-            found = _first_match(classifier, lines)
-            if found is None:
-                continue
-            line, pattern_matched = found, True
-        if best is None or (classifier.priority, -order) > (best[0], best[1]):
-            best = (classifier.priority, -order, classifier, line)
-    if need_pattern and not pattern_matched:
-        return None
-    return best
-
-
-def _keyword_match(keywords: Iterable[str], tail: Sequence[str]) -> tuple[str, str] | None:
+def _keyword_match(keywords: Iterable[str], tail: Sequence[str]) -> Optional[tuple[str, str]]:
     lowered = [k.lower() for k in keywords if k]
     if not lowered:
         return None

@@ -71,6 +71,9 @@ class Reason(str, enum.Enum):
     INSTANCE_FAILED = "instance_failed"
     RETRYABLE_FAILURE = "retryable_failure"
     NON_RETRYABLE_FAILURE = "non_retryable_failure"
+    # The same unknown error (no evidence either way) again, past the rule
+    # pack's unknown policy.
+    UNKNOWN_FAILURE_REPEATED = "unknown_failure_repeated"
     POLICY_NEVER = "policy_never"
     CRITICAL_ROLE_FAILED = "critical_role_failed"
     JOB_HANG = "job_hang"
@@ -312,6 +315,11 @@ class Decision(msgspec.Struct, frozen=True):
     cost: Optional[SpotCost] = None
     # For REQUEUE: seconds of notice before the instances are released (0: none).
     notice_s: float = 0.0
+    # Failures: the verdict (retryable, not_retryable, unknown) on the root
+    # cause, and the failures judged to be its consequences ("worker-0",
+    # "worker-0 rank 2"), each with its category.
+    verdict: str = ""
+    consequences: tuple[str, ...] = ()
 
 
 def action_id(job_id: str, *parts: object) -> str:

@@ -70,11 +70,25 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--source", choices=[s.value for s in ErrorSource], help="only faults of this error source")
     _store_option(history)
 
-    classify = sub.add_parser("classify", help="the verdict the engine would reach for a failed instance's log")
-    classify.add_argument("file", help="a log file, or - for standard input")
-    classify.add_argument("--exit-code", type=_exit_code, default=1, help="the instance's exit code, 0-255 (default 1)")
+    classify = sub.add_parser(
+        "classify", help="the verdict the engine would reach for a failure (one or several instances' logs)",
+        description="Judge a failure as the engine would: each FILE is one instance's log (a directory: every "
+                    "file in it), all of them one job failure. The root cause decides; the others are its "
+                    "consequences.",
+        epilog="examples:\n  trainwarden classify worker-1.log --exit-code -9\n"
+               "  trainwarden classify worker-0.log worker-1.log --exit-code 1 --exit-code 1 --explain\n"
+               "  trainwarden classify logs/ --json\n\n"
+               "A file may start with a '# exit_code: N' line (as in tests/data/failure_corpus).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    classify.add_argument("files", nargs="+", metavar="FILE",
+                          help="a log file, a directory of log files (one per instance), or - for standard input")
+    classify.add_argument("--exit-code", type=_exit_code, action="append", default=None,
+                          help="the exit code: once for every file, or once per file in order; a signal as "
+                               "128+N or -N (default: the file's '# exit_code:' line, else 1)")
     classify.add_argument("--keyword", action="append", default=[],
                           help="a custom retryable keyword, as set_retryable_errors would add (repeatable)")
+    classify.add_argument("--explain", action="store_true",
+                          help="show every piece of evidence weighed, per instance and rank, and why the root won")
     classify.add_argument("--rules", help="rules directory (default: the shipped rules)")
     classify.add_argument("--json", action="store_true", help="JSON for machines")
 
@@ -138,8 +152,8 @@ def _exit_code(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 0 <= value <= 255:
-        raise argparse.ArgumentTypeError(f"an exit code is from 0 to 255, not {value}")
+    if not -255 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"an exit code is from -255 to 255 (-N: killed by signal N), not {value}")
     return value
 
 
@@ -223,10 +237,12 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
             from trainwarden.cli.history_cmd import cmd_history
 
             return cmd_history(args)
+        if args.command == "classify":
+            from trainwarden.cli.classify_cmd import cmd_classify
+
+            return cmd_classify(args)
         from trainwarden.cli import rules_cmd
 
-        if args.command == "classify":
-            return rules_cmd.cmd_classify(args)
         if args.rules_command == "validate":
             return rules_cmd.cmd_validate(args)
         return rules_cmd.cmd_test(args)

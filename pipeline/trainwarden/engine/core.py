@@ -154,6 +154,10 @@ def _on_sdk(state: JobState, event: SdkMessage, now: float) -> list[Decision]:
 
 
 def _on_tick(state: JobState, event: Tick, now: float) -> list[Decision]:
+    if state.pending_failures is not None:
+        decisions = failures.settle_pending(state, now)
+        if decisions:
+            return decisions
     return timers.check_timers(state, now)
 
 

@@ -25,7 +25,8 @@ def make_decision(state: JobState, kind: DecisionKind, reason: Reason, rule: str
                   fault_key: tuple, source: Optional[ErrorSource] = None,
                   inst: Optional[InstanceState] = None, error_code: int = 0, message: str = "",
                   signature: str = "", category: str = "", classifier: str = "",
-                  detected_at: Optional[float] = None, node: str = "") -> Decision:
+                  detected_at: Optional[float] = None, node: str = "", verdict: str = "",
+                  consequences: tuple[str, ...] = ()) -> Decision:
     starts: tuple = ()
     if kind is DecisionKind.RESTART_JOB:
         starts = tuple((i.name, i.start + 1) for i in state.instances.values())
@@ -50,6 +51,8 @@ def make_decision(state: JobState, kind: DecisionKind, reason: Reason, rule: str
         detected_at=now if detected_at is None else detected_at,
         next_start=inst.start + 1 if inst is not None and kind is DecisionKind.RESTART_INSTANCE else 0,
         starts=starts,
+        verdict=verdict,
+        consequences=consequences,
     )
 
 
@@ -57,6 +60,9 @@ def apply(state: JobState, decision: Decision) -> None:
     """Move the state to where the decision leads, before the actuator acts:
     events of the incarnations it ends are stale from now on."""
     kind = decision.kind
+    if kind in (DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB, DecisionKind.COMPLETE_JOB, DecisionKind.REQUEUE):
+        # Failures still waiting for attribution belong to the round that ends.
+        state.pending_failures = None
     if kind is DecisionKind.RESTART_JOB:
         state.round += 1
         state.job_restarts += 1

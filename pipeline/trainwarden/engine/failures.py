@@ -1,18 +1,26 @@
 """An instance exited: success bookkeeping, or judging a failure.
 
-A failure is classified (catalogue), answered (first matching response) and
-guarded (limits). Same-error counts and the failed-instance set are updated
-before the limits are checked, so counters include the fault being judged.
+A failure is classified (catalogue), attributed (in a Sync job, the root
+cause among the instances that failed together), answered (first matching
+response) and guarded (limits). Same-error counts and the failed-instance
+set are updated before the limits are checked, so counters include the
+fault being judged.
 """
 
 from __future__ import annotations
 
-from trainwarden.classify import Verdict, classify
+from typing import Optional
+
+from trainwarden.attribution import Failure, Judgement, judge
+from trainwarden.classify import Verdict
 from trainwarden.engine.decide import guarded, make_decision
-from trainwarden.engine.state import NON_FINISHING_ROLES, InstanceState, InstanceStatus, JobState
+from trainwarden.engine.state import NON_FINISHING_ROLES, InstanceState, InstanceStatus, JobState, PendingFailures
 from trainwarden.events import Decision, DecisionKind, ErrorSource, InstanceExited, Reason
-from trainwarden.rules.model import Response
+from trainwarden.evidence.signals import canonical_exit_code
+from trainwarden.rules.model import Response, Retryability
 from trainwarden.settings import ExecutionMode, FaultTolerantPolicy
+
+MAX_CONSEQUENCES = 64
 
 
 def on_success(state: JobState, inst: InstanceState, event: InstanceExited, now: float) -> list[Decision]:
@@ -25,10 +33,10 @@ def on_success(state: JobState, inst: InstanceState, event: InstanceExited, now:
     if all(i.status is InstanceStatus.SUCCEEDED for i in finishing):
         return [make_decision(state, DecisionKind.COMPLETE_JOB, Reason.ALL_INSTANCES_SUCCEEDED,
                               "job_complete", now, fault_key=("complete",), detected_at=event.time)]
-    return []
+    return settle_pending(state, now) if state.pending_failures is not None else []
 
 
-def first_response(state: JobState, inst: InstanceState, verdict: Verdict) -> Response | None:
+def first_response(state: JobState, inst: InstanceState, retryable: bool) -> Response | None:
     settings = state.settings
     policy = settings.fault_tolerant_policy.value
     mode = settings.job_execution_mode.value
@@ -40,46 +48,96 @@ def first_response(state: JobState, inst: InstanceState, verdict: Verdict) -> Re
             continue
         if when.roles and inst.role not in when.roles:
             continue
-        if when.retryable is not None and when.retryable != verdict.retryable:
+        if when.retryable is not None and when.retryable != retryable:
             continue
         return response
     return None
 
 
-def on_failure(state: JobState, inst: InstanceState, event: InstanceExited, now: float) -> list[Decision]:
+def _keywords(state: JobState) -> tuple[str, ...]:
+    policy = state.settings.fault_tolerant_policy
+    return tuple(state.custom_keywords) if policy is FaultTolerantPolicy.EXIT_CODE_AND_ERROR_MSG else ()
+
+
+def _attributes(state: JobState) -> bool:
+    """Whether failures wait for the others before judging: coupled (Sync)
+    instances judged by their errors, with a window to wait in."""
     settings = state.settings
-    keywords = state.custom_keywords if (
-        settings.fault_tolerant_policy is FaultTolerantPolicy.EXIT_CODE_AND_ERROR_MSG) else ()
+    return (settings.job_execution_mode is ExecutionMode.SYNC
+            and settings.fault_tolerant_policy is FaultTolerantPolicy.EXIT_CODE_AND_ERROR_MSG
+            and state.pack.attribution_window_s > 0 and len(state.instances) > 1)
+
+
+def on_failure(state: JobState, inst: InstanceState, event: InstanceExited, now: float) -> list[Decision]:
     # An exit that brings its own tail (from a node agent) is judged on it
     # alone: log lines travel separately and may not all have arrived.
-    tail = list(event.tail) if event.tail is not None else list(inst.tail)
-    verdict = classify(state.pack, event.exit_code, tail, keywords)
-    message = verdict.message or f"exited with code {event.exit_code}"
-    return [respond(state, inst, verdict, now, source=ErrorSource.INSTANCE_EXIT, error_code=event.exit_code,
-                    message=message, detected_at=event.time)]
+    tail = tuple(event.tail) if event.tail is not None else tuple(inst.tail)
+    failure = Failure(inst.name, event.exit_code, tail, event.time)
+    if not _attributes(state):
+        return [respond_judgement(state, judge(state.pack, [failure], _keywords(state)), now)]
+    inst.status = InstanceStatus.FAILED
+    if state.pending_failures is None:
+        state.pending_failures = PendingFailures(opened_at=now, deadline=now + state.pack.attribution_window_s,
+                                                 failures=[])
+    state.pending_failures.failures.append(failure)
+    return settle_pending(state, now)
+
+
+def settle_pending(state: JobState, now: float, *, expired: bool = False) -> list[Decision]:
+    """Judge the failures waiting for attribution once a root cause is
+    evident (a failure that is not aftermath and whose verdict is known),
+    every instance has exited, or the window is over. Only aftermath and
+    unknown failures wait: an own error, or a bare SIGKILL, decides at once."""
+    pending = state.pending_failures
+    if pending is None:
+        return []
+    judgement = judge(state.pack, pending.failures, _keywords(state))
+    running = any(i.status in (InstanceStatus.RUNNING, InstanceStatus.PENDING) for i in state.instances.values())
+    decided = not judgement.root.consequence and judgement.verdict.verdict is not Retryability.UNKNOWN
+    if not (decided or not running or expired or now >= pending.deadline):
+        return []
+    state.pending_failures = None
+    return [respond_judgement(state, judgement, now)]
+
+
+def respond_judgement(state: JobState, judgement: Judgement, now: float) -> Decision:
+    root = judgement.root
+    inst = state.instances[root.instance]
+    failure_time = min((j.time for j in (root, *judgement.consequences)), default=root.time)
+    verdict = root.verdict
+    message = verdict.message or f"exited with code {root.exit_code}"
+    if root.rank is not None:
+        message = f"rank {root.rank}: {message}"
+    consequences = tuple(f"{j.label}: {j.verdict.category}" for j in judgement.consequences[:MAX_CONSEQUENCES])
+    return respond(state, inst, verdict, now, source=ErrorSource.INSTANCE_EXIT, error_code=root.exit_code,
+                   message=message, detected_at=failure_time, consequences=consequences)
 
 
 def on_node_lost(state: JobState, inst: InstanceState, node: str, now: float, detected_at: float) -> Decision:
     """An instance whose node stopped answering: a retryable failure of it."""
-    verdict = Verdict(retryable=True, category="node_lost", rule="node_lost", matched_line="",
-                      signature=f"node_lost:{node}", message="")
+    verdict = Verdict(verdict=Retryability.RETRYABLE, category="node_lost", rule="node_lost", matched_line="",
+                      signature=f"node_lost:{node}", message="", kind="own")
     return respond(state, inst, verdict, now, source=ErrorSource.NODE_LOST, error_code=0,
                    message=f"node {node} was lost (no heartbeat); its instance {inst.name} is gone",
                    detected_at=detected_at)
 
 
 def respond(state: JobState, inst: InstanceState, verdict: Verdict, now: float, *, source: ErrorSource,
-            error_code: int, message: str, detected_at: float) -> Decision:
+            error_code: int, message: str, detected_at: float,
+            consequences: tuple[str, ...] = ()) -> Decision:
     """The decision for a failed instance: the first matching response, then the limits."""
     inst.status = InstanceStatus.FAILED
     inst.ever_failed = True
-    signature = f"{error_code}:{verdict.signature}"
+    signature = f"{canonical_exit_code(error_code)}:{verdict.signature}"
     inst.error_counts[signature] = inst.error_counts.get(signature, 0) + 1
-    response = first_response(state, inst, verdict)
+    retryable, unknown_repeated = _effective_retryable(state, inst, verdict, signature)
+    response = first_response(state, inst, retryable)
     if response is None:
         intent, reason, rule = DecisionKind.FAIL_JOB, Reason.INSTANCE_FAILED, "no_matching_response"
     else:
         intent, reason, rule = response.action, response.reason, response.name
+    if unknown_repeated and intent is DecisionKind.FAIL_JOB and reason is Reason.NON_RETRYABLE_FAILURE:
+        reason, rule = Reason.UNKNOWN_FAILURE_REPEATED, "unknown_policy"
     if intent is DecisionKind.RESTART_INSTANCE and state.settings.job_execution_mode is ExecutionMode.SYNC:
         # Coupled instances cannot recover one by one.
         intent = DecisionKind.RESTART_JOB
@@ -92,4 +150,19 @@ def respond(state: JobState, inst: InstanceState, verdict: Verdict, now: float, 
         source=source, inst=inst, error_code=error_code,
         message=message, signature=signature, category=verdict.category,
         classifier=verdict.rule, detected_at=detected_at,
+        verdict=verdict.verdict.value, consequences=consequences,
     )
+
+
+def _effective_retryable(state: JobState, inst: InstanceState, verdict: Verdict,
+                         signature: str) -> tuple[bool, bool]:
+    """(retryable as far as the responses are concerned, whether an unknown
+    error has come back past the unknown policy's restarts)."""
+    if verdict.verdict is not Retryability.UNKNOWN:
+        return verdict.retryable, False
+    allowed = inst.error_counts.get(signature, 0) <= state.pack.unknown_restarts
+    return allowed, not allowed
+
+
+def pending_deadline(state: JobState) -> Optional[float]:
+    return state.pending_failures.deadline if state.pending_failures is not None else None

@@ -90,6 +90,16 @@ class SpotState:
 
 
 @dataclasses.dataclass(slots=True)
+class PendingFailures:
+    """Failures of a Sync job waiting for attribution: the first failure
+    opened the window; the others' exits and tails may still come in."""
+
+    opened_at: float  # when the first failure was seen (engine time)
+    deadline: float  # judge then at the latest
+    failures: list  # attribution.Failure, in arrival order
+
+
+@dataclasses.dataclass(slots=True)
 class JobState:
     job_id: str
     framework: str
@@ -111,6 +121,7 @@ class JobState:
     # Collective timeouts (s) already advised about: one notification each.
     advised_timeouts: set = dataclasses.field(default_factory=set)
     spot: Optional[SpotState] = None
+    pending_failures: Optional[PendingFailures] = None
 
     @property
     def finished(self) -> bool:

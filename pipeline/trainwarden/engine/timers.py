@@ -124,4 +124,6 @@ def next_deadline(state: JobState) -> Optional[float]:
             deadline = None
         if deadline is not None:
             deadlines.append(deadline)
+    if state.pending_failures is not None:
+        deadlines.append(state.pending_failures.deadline)
     return min(deadlines) if deadlines else None

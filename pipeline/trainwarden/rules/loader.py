@@ -25,8 +25,11 @@ from trainwarden.rules.model import (
     Origin,
     Response,
     ResponseMatch,
+    Retryability,
     RulePack,
 )
+from trainwarden.evidence.facts import FACT_NAMES
+from trainwarden.evidence.traceback import Origin as FrameOrigin
 from trainwarden.settings import FLAGS, ExecutionMode, FaultTolerantPolicy
 from trainwarden.yamlsrc import ConfigError, Fields, LineDict, load_yaml_file
 
@@ -128,9 +131,23 @@ class _PackBuilder:
         fallback = fields.get("fallback", dict, None)
         if fallback is not None:
             fb = Fields(fallback, fields.path, "settings.fallback")
-            self.settings["fallback_retryable"] = fb.get("retryable", bool)
+            self.settings["fallback_verdict"] = _verdict(fb, "retryable")
             self.settings["fallback_category"] = fb.get("category", str)
             fb.done()
+        unknown = fields.get("unknown", dict, None)
+        if unknown is not None:
+            un = Fields(unknown, fields.path, "settings.unknown")
+            restarts = un.get("restarts", int)
+            if not 0 <= restarts <= 100:
+                raise un.error("restarts", "'restarts' must be from 0 to 100",
+                               hint="how often the same unknown error is restarted before it fails the job")
+            self.settings["unknown_restarts"] = restarts
+            un.done()
+        window = fields.get("attribution_window_s", (int, float), None)
+        if window is not None:
+            if isinstance(window, bool) or not 0 <= window <= 600:
+                raise fields.error("attribution_window_s", "attribution_window_s must be from 0 to 600 seconds")
+            self.settings["attribution_window_s"] = float(window)
         fields.done()
 
     def build(self) -> RulePack:
@@ -139,7 +156,7 @@ class _PackBuilder:
 
         return RulePack(
             classifiers=rules("classifiers"),
-            fallback_retryable=self.settings.get("fallback_retryable", False),
+            fallback_verdict=self.settings.get("fallback_verdict", Retryability.UNKNOWN),
             fallback_category=self.settings.get("fallback_category", "unknown"),
             responses=rules("responses"),
             detectors=rules("detectors"),
@@ -148,6 +165,8 @@ class _PackBuilder:
             tail_lines=self.settings.get("tail_lines", DEFAULT_TAIL_LINES),
             custom_keyword_priority=self.settings.get("custom_keyword_priority", 100),
             files=tuple(self.files),
+            unknown_restarts=self.settings.get("unknown_restarts", 1),
+            attribution_window_s=self.settings.get("attribution_window_s", 5.0),
         )
 
 
@@ -209,7 +228,9 @@ def _exit_codes(fields: Fields) -> tuple[tuple[int, int], ...]:
         else:
             raise fields.error("exit_codes", f"exit code {item!r} must be an integer or a range like \"128-255\"")
         if low > high or low < 0 or high > 255:
-            raise fields.error("exit_codes", f"exit code range {item!r} must lie within 0-255, low to high")
+            raise fields.error("exit_codes", f"exit code range {item!r} must lie within 0-255, low to high",
+                               hint="a death by signal N is exit code 128+N here (also when reported as -N), "
+                                    "or use 'signals: [N]'")
         ranges.append((low, high))
     return tuple(ranges)
 
@@ -230,21 +251,60 @@ def _patterns(fields: Fields) -> tuple[re.Pattern, ...]:
     return tuple(compiled)
 
 
+_EXCEPTION_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*$")
+
+
+def _verdict(fields: Fields, key: str) -> Retryability:
+    raw = fields.get(key, (bool, str))
+    if raw is True:
+        return Retryability.RETRYABLE
+    if raw is False:
+        return Retryability.NOT_RETRYABLE
+    if raw == "unknown":
+        return Retryability.UNKNOWN
+    raise fields.error(key, f"'{key}' must be true, false or unknown, not {raw!r}")
+
+
+def _signals(fields: Fields) -> tuple[int, ...]:
+    raw = fields.get("signals", list, [])
+    numbers = []
+    for item in raw:
+        if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= 64:
+            raise fields.error("signals", f"signal {item!r} must be a signal number from 1 to 64",
+                               hint="for example 9 (SIGKILL) or 15 (SIGTERM)")
+        numbers.append(item)
+    return tuple(numbers)
+
+
 def _classifier(fields: Fields, origin: Origin) -> Classifier:
     exit_codes = _exit_codes(fields)
     patterns = _patterns(fields)
-    if not exit_codes and not patterns:
-        raise fields.error(None, "a classifier needs 'exit_codes', 'patterns' or both")
+    exceptions = _string_list(fields, "exceptions")
+    for name in exceptions:
+        if not _EXCEPTION_NAME.match(name):
+            raise fields.error("exceptions", f"'exceptions': {name!r} is not an exception type name",
+                               hint="for example KeyError or botocore.exceptions.ClientError")
+    raised_in = _string_list(fields, "raised_in", tuple(o.value for o in FrameOrigin))
+    signals = _signals(fields)
+    facts = _string_list(fields, "facts", FACT_NAMES)
+    if not (exit_codes or patterns or exceptions or raised_in or signals or facts):
+        raise fields.error(None, "a classifier needs at least one of 'exit_codes', 'patterns', 'exceptions', "
+                                 "'raised_in', 'signals' or 'facts'")
     return Classifier(
         name=fields.get("name", str),
         category=fields.get("category", str),
-        retryable=fields.get("retryable", bool),
+        verdict=_verdict(fields, "retryable"),
         exit_codes=exit_codes,
         patterns=patterns,
         priority=_priority(fields, "priority", fields.get("priority", int, 50)),
         description=fields.get("description", str, ""),
         origin=origin,
         signature=_one_of(fields, "signature", ("rule", "line"), "rule"),
+        exceptions=exceptions,
+        raised_in=raised_in,
+        signals=signals,
+        facts=facts,
+        aftermath=fields.get("aftermath", bool, False),
     )
 
 

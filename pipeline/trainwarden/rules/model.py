@@ -30,11 +30,22 @@ class Origin:
         return f"{self.path}:{self.line}"
 
 
+class Retryability(str, enum.Enum):
+    """The three verdicts on a failure."""
+
+    RETRYABLE = "retryable"
+    NOT_RETRYABLE = "not_retryable"
+    UNKNOWN = "unknown"  # no evidence either way: the rule pack's unknown policy applies
+
+
 @dataclasses.dataclass(frozen=True)
 class Classifier:
+    """One entry of the catalogue. Every condition given must hold (each is
+    "any of" its list); a classifier needs at least one condition."""
+
     name: str
     category: str
-    retryable: bool
+    verdict: Retryability
     exit_codes: tuple[tuple[int, int], ...]  # inclusive ranges; empty = any
     patterns: tuple[re.Pattern, ...]  # any of them in the tail; empty = no log condition
     priority: int
@@ -43,6 +54,27 @@ class Classifier:
     # "rule": every match is the same error; "line": the matched line,
     # normalised, tells errors apart (for broad classes such as any ValueError).
     signature: str = "rule"
+    # Structural conditions (trainwarden/evidence): the last traceback's
+    # exception type or a cause chained before it, where it was raised, the
+    # signal that ended the process (either spelling of the exit code or the text).
+    exceptions: tuple[str, ...] = ()
+    raised_in: tuple[str, ...] = ()
+    signals: tuple[int, ...] = ()
+    # Named facts that need more than one line (trainwarden/evidence), e.g.
+    # collective_desync: ranks timed out in different collectives.
+    facts: tuple[str, ...] = ()
+    # A consequence of another instance's failure (a peer closed the
+    # connection, a collective aborted): never the root cause while another
+    # instance has an error of its own.
+    aftermath: bool = False
+
+    @property
+    def retryable(self) -> bool:
+        return self.verdict is Retryability.RETRYABLE
+
+    @property
+    def structural(self) -> bool:
+        return bool(self.exceptions or self.raised_in or self.signals or self.facts)
 
     def matches_exit_code(self, code: int) -> bool:
         return not self.exit_codes or any(low <= code <= high for low, high in self.exit_codes)
@@ -126,7 +158,7 @@ class DiagnosisRule:
 @dataclasses.dataclass(frozen=True)
 class RulePack:
     classifiers: tuple[Classifier, ...]
-    fallback_retryable: bool
+    fallback_verdict: Retryability
     fallback_category: str
     responses: tuple[Response, ...]
     detectors: tuple[Detector, ...]
@@ -135,6 +167,12 @@ class RulePack:
     custom_keyword_priority: int
     files: tuple[str, ...]
     diagnoses: tuple[DiagnosisRule, ...] = ()
+    # Unknown verdicts: how often the same unknown error on one instance is
+    # treated as retryable before it fails the job (shipped: once).
+    unknown_restarts: int = 1
+    # Sync jobs: after the first failure, how long to wait for the other
+    # instances' exits and tails before judging the job's root cause.
+    attribution_window_s: float = 5.0
 
     def detector(self, kind: DetectorKind) -> tuple[Detector, ...]:
         return tuple(d for d in self.detectors if d.kind is kind)

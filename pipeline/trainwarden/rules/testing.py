@@ -42,7 +42,8 @@ from trainwarden.rules.model import RulePack
 from trainwarden.spot.spec import valid_discount
 from trainwarden.yamlsrc import ConfigError, Fields, load_yaml_file
 
-EXPECT_KEYS = ("action", "reason", "rule", "instance", "error_source", "category", "error_code")
+EXPECT_KEYS = ("action", "reason", "rule", "instance", "error_source", "category", "error_code", "verdict",
+               "consequences")
 EVENT_KINDS = ("log", "exit", "sdk", "node_lost", "c4d", "market")
 # Not faults: compared only when a test asks for them.
 _LIFECYCLE = (DecisionKind.COMPLETE_JOB, DecisionKind.START_JOB, DecisionKind.QUEUE_JOB, DecisionKind.RESUME_JOB)
@@ -298,6 +299,9 @@ def _actual_fields(decision) -> dict:
         "error_source": decision.error_source.value if decision.error_source else "",
         "category": decision.category,
         "error_code": str(decision.error_code),
+        "verdict": decision.verdict,
+        # "worker-0: connection_lost; worker-2: connection_lost"
+        "consequences": "; ".join(decision.consequences),
     }
 
 

@@ -6,8 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.events import Decision, DecisionKind, ErrorSource, Reason
-from pipeline.notify import JsonlDeliveryLog, Notifier, load_subscriptions
+from trainwarden.events import Decision, DecisionKind, ErrorSource, Reason
+from trainwarden.notify import JsonlDeliveryLog, Notifier, load_subscriptions
 
 subs_dir, state_dir, count, mode = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 notifier = Notifier(load_subscriptions(subs_dir), state_dir, writer=JsonlDeliveryLog(state_dir / "deliveries.jsonl"))

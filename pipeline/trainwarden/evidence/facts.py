@@ -1,0 +1,17 @@
+"""Named facts a classifier can ask for (``facts:`` in the catalogue):
+evidence that needs more than one line, each a pure function of the tail
+that returns the line showing it, or None."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from trainwarden.evidence.collectives import collective_desync, store_barrier_overcount
+from trainwarden.evidence.signals import kernel_oom_line
+
+FACTS: dict[str, Callable[[Sequence[str]], Optional[str]]] = {
+    "collective_desync": collective_desync,
+    "kernel_oom": kernel_oom_line,
+    "store_barrier_overcount": store_barrier_overcount,
+}
+FACT_NAMES = tuple(FACTS)

@@ -1,0 +1,62 @@
+"""The real-failure corpus (tests/data/failure_corpus/): its shape, and the
+verdicts of the shipped catalogue on its test set, which no pattern was
+written from (tests/corpus.py has the split)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from tests.corpus import CORPUS, LABELS, CorpusError, load_corpus, load_excerpt, score, split
+from trainwarden.rules.loader import load_rules
+
+MIN_EXCERPTS = 400
+MIN_NOT_RETRYABLE = 0.35
+MIN_ACCURACY = 0.92
+MIN_CATEGORY_ACCURACY = 0.85
+CATEGORY_SUPPORT = 10  # categories with this many test excerpts or more are held to MIN_CATEGORY_ACCURACY
+
+EXCERPTS = load_corpus()
+TUNE, TEST = split(EXCERPTS)
+
+
+def test_the_corpus_holds_at_least_400_real_excerpts_with_public_sources():
+    assert len(EXCERPTS) >= MIN_EXCERPTS, len(EXCERPTS)
+    for excerpt in EXCERPTS:
+        assert excerpt.source.startswith("https://"), (excerpt.name, excerpt.source)
+        assert excerpt.expect in LABELS
+        assert excerpt.reason and len(excerpt.reason) < 600, excerpt.name
+
+
+def test_at_least_35_percent_of_the_excerpts_are_not_retryable():
+    counts = collections.Counter(e.expect for e in EXCERPTS)
+    assert counts["not_retryable"] / len(EXCERPTS) >= MIN_NOT_RETRYABLE, counts
+
+
+def test_every_file_of_the_corpus_is_valid():
+    for path in sorted(CORPUS.glob("*/*.log")):
+        load_excerpt(path)  # raises CorpusError naming the file
+
+
+def test_a_file_without_a_reason_is_refused_naming_it(tmp_path):
+    path = tmp_path / "o__r" / "1-x.log"
+    path.parent.mkdir()
+    path.write_text("# source: https://github.com/o/r/issues/1\n# repo: o/r\n# exit_code: 1\n"
+                    "# expect: retryable\n# category: host_oom\nKilled\n")
+    with pytest.raises(CorpusError, match=r"1-x\.log: header lacks reason"):
+        load_excerpt(path)
+
+
+def test_no_repository_is_in_both_the_tuning_and_the_test_set():
+    assert not {e.repo for e in TUNE} & {e.repo for e in TEST}
+    assert len(TEST) >= 100, len(TEST)
+
+
+def test_the_verdict_is_right_for_92_percent_of_the_test_set_and_85_percent_of_each_large_category():
+    # Only figures, never which excerpts: patterns are not written from the test set.
+    scores = score(load_rules(), TEST)
+    assert scores.accuracy >= MIN_ACCURACY, f"{scores.accuracy:.1%} right on the test set"
+    for category, (right, total) in scores.by_category().items():
+        if total >= CATEGORY_SUPPORT:
+            assert right / total >= MIN_CATEGORY_ACCURACY, f"{category}: {right}/{total} right on the test set"
