@@ -63,7 +63,7 @@ def test_a_remote_process_that_exited_is_aftermath_not_an_error_of_its_own():
             "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1275, remote process exited "
             "or there was a network error, NCCL version 2.21.5"]
     verdict = classify(PACK, 1, tail)
-    assert verdict.rule == "nccl_peer_gone" and verdict.aftermath and verdict.verdict.value == "unknown"
+    assert verdict.rule == "nccl_peer_gone" and verdict.aftermath and verdict.retryable
 
 
 def test_kills_at_different_points_are_the_same_error():

@@ -171,4 +171,5 @@ class Actuator:
             action=decision.kind.value, result=result, duration_s=round(max(duration_s, 0.0), 3),
             reason=decision.reason.value, rule=decision.rule, classifier=decision.classifier,
             category=decision.category, error_signature=decision.error_signature, updated_at=now,
+            verdict=decision.verdict, consequences="; ".join(decision.consequences),
         )])

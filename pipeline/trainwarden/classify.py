@@ -160,26 +160,17 @@ def _structure_holds(classifier: Classifier, facts: _Facts) -> bool:
     return True
 
 
-def _first_match(classifier: Classifier, lines: Sequence[str]) -> Optional[str]:
-    # Later lines are nearer the failure, so search from the end.
-    for line in reversed(lines):
-        for pattern in classifier.patterns:
-            if pattern.search(line):
-                return line
-    return None
-
-
 def _candidates(pack: RulePack, facts: _Facts, lines: Sequence[str]) -> list[tuple[Classifier, str, int]]:
+    matched = pack.pattern_index.last_matches(lines) if pack.pattern_index is not None else {}
     found = []
     for order, classifier in enumerate(pack.classifiers):
         if not classifier.matches_exit_code(facts.exit_code) or not _structure_holds(classifier, facts):
             continue
         line = facts.named[classifier.facts[0]] if classifier.facts else ""
         if classifier.patterns:
-            matched = _first_match(classifier, lines)
-            if matched is None:
+            if order not in matched:
                 continue
-            line = matched
+            line = matched[order]
         found.append((classifier, line, order))
     return found
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from trainwarden.store import migrate, queries
 from trainwarden.store.embedded import EmbeddedStore
-from trainwarden.store.schema import TABLES
+from trainwarden.store.schema import BY_NAME, TABLES, clickhouse_rows
 from tests.store.store_factories import fault
 
 LATEST = max(m.version for m in migrate.load())
 ALL = [m.version for m in migrate.load()]
+FAULTS = BY_NAME["fault_records"]
 
 
 def test_a_new_store_is_at_the_latest_version_and_schema_migrations_lists_every_one(store_dir):
@@ -141,7 +144,13 @@ def test_version_4_keeps_the_records_of_a_version_3_store(store_dir, tmp_path):
         sql.execute("DROP TABLE node_events")
         sql.execute("TRUNCATE TABLE schema_migrations")
         assert migrate.apply(sql, migrate.load(directory)) == [1, 2, 3]
-        queries.insert_records(sql, [fault("r1", node_name="node-a"), fault("r2", node_name="node-b")])
+        # The rows a version-3 store held: no columns of later versions.
+        rows = [json.loads(line) for line in clickhouse_rows(
+            FAULTS, [fault("r1", node_name="node-a"), fault("r2", node_name="node-b")]).splitlines()]
+        for row in rows:
+            row.pop("verdict"), row.pop("consequences")
+        sql.insert("INSERT INTO fault_records FORMAT JSONEachRow",
+                   b"".join(json.dumps(row).encode() + b"\n" for row in rows))
         assert migrate.apply(sql)[0] == 4  # and any later ones
         assert [(r["record_id"], r["node_name"]) for r in queries.faults(sql)] == [("r1", "node-a"),
                                                                                   ("r2", "node-b")]

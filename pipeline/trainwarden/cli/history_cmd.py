@@ -9,7 +9,8 @@ from trainwarden.cli.output import fail, iso, print_json, table
 from trainwarden.store import analytics, default_store_dir, open_reader
 from trainwarden.store.records import FAULT_FIELDS
 
-WIDE_FIELDS = ("reason", "rule", "classifier", "category", "error_signature", "record_id")
+WIDE_FIELDS = ("reason", "rule", "classifier", "category", "verdict", "consequences", "error_signature",
+               "record_id")
 
 
 def cmd_history(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from trainwarden.rules.model import (
     RulePack,
 )
 from trainwarden.evidence.facts import FACT_NAMES
+from trainwarden.rules.patterns import PatternError, PatternIndex, compile_pattern
 from trainwarden.evidence.traceback import Origin as FrameOrigin
 from trainwarden.settings import FLAGS, ExecutionMode, FaultTolerantPolicy
 from trainwarden.yamlsrc import ConfigError, Fields, LineDict, load_yaml_file
@@ -154,8 +155,10 @@ class _PackBuilder:
         def rules(section: str) -> tuple:
             return tuple(rule for _, rule in self.entries[section].values())
 
+        classifiers = rules("classifiers")
         return RulePack(
-            classifiers=rules("classifiers"),
+            classifiers=classifiers,
+            pattern_index=PatternIndex(classifiers),
             fallback_verdict=self.settings.get("fallback_verdict", Retryability.UNKNOWN),
             fallback_category=self.settings.get("fallback_category", "unknown"),
             responses=rules("responses"),
@@ -235,17 +238,17 @@ def _exit_codes(fields: Fields) -> tuple[tuple[int, int], ...]:
     return tuple(ranges)
 
 
-def _patterns(fields: Fields) -> tuple[re.Pattern, ...]:
-    raw = fields.get("patterns", list, [])
+def _patterns(fields: Fields, key: str = "patterns") -> tuple:
+    raw = fields.get(key, list, [])
     ignore_case = fields.get("ignore_case", bool, False)
     compiled = []
     for index, pattern in enumerate(raw):
-        line = raw.line_of(index) if hasattr(raw, "line_of") else fields.line("patterns")
+        line = raw.line_of(index) if hasattr(raw, "line_of") else fields.line(key)
         if not isinstance(pattern, str) or not pattern:
             raise ConfigError(f"pattern {pattern!r} must be a non-empty string", fields.path, line)
         try:
-            compiled.append(re.compile(pattern, re.IGNORECASE if ignore_case else 0))
-        except re.error as exc:
+            compiled.append(compile_pattern(pattern, ignore_case))
+        except PatternError as exc:
             raise ConfigError(f"pattern {pattern!r} is not a valid regular expression: {exc}",
                               fields.path, line) from None
     return tuple(compiled)
@@ -304,6 +307,7 @@ def _classifier(fields: Fields, origin: Origin) -> Classifier:
         raised_in=raised_in,
         signals=signals,
         facts=facts,
+        unless=_patterns(fields, "unless"),
         aftermath=fields.get("aftermath", bool, False),
     )
 

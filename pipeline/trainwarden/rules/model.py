@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 from typing import Optional
 
 from trainwarden.events import DecisionKind, ErrorSource, Reason
@@ -47,7 +46,7 @@ class Classifier:
     category: str
     verdict: Retryability
     exit_codes: tuple[tuple[int, int], ...]  # inclusive ranges; empty = any
-    patterns: tuple[re.Pattern, ...]  # any of them in the tail; empty = no log condition
+    patterns: tuple  # RE2 patterns (rules/patterns.py): any of them on a tail line; empty = no log condition
     priority: int
     description: str
     origin: Origin
@@ -63,6 +62,8 @@ class Classifier:
     # Named facts that need more than one line (trainwarden/evidence), e.g.
     # collective_desync: ranks timed out in different collectives.
     facts: tuple[str, ...] = ()
+    # A line that one of these also matches does not count for this classifier.
+    unless: tuple = ()
     # A consequence of another instance's failure (a peer closed the
     # connection, a collective aborted): never the root cause while another
     # instance has an error of its own.
@@ -173,6 +174,13 @@ class RulePack:
     # Sync jobs: after the first failure, how long to wait for the other
     # instances' exits and tails before judging the job's root cause.
     attribution_window_s: float = 5.0
+    # Every classifier's patterns in one RE2 set (rules/patterns.py), built by the loader.
+    pattern_index: Optional[object] = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __deepcopy__(self, memo: dict) -> "RulePack":
+        # Immutable, and holds compiled RE2 objects that cannot be copied:
+        # a snapshot of a job's state shares its rule pack.
+        return self
 
     def detector(self, kind: DetectorKind) -> tuple[Detector, ...]:
         return tuple(d for d in self.detectors if d.kind is kind)

@@ -39,6 +39,10 @@ class FaultRecord(msgspec.Struct, frozen=True):
     category: str
     error_signature: str  # normalised, for "same error" and aggregation
     updated_at: float
+    # The verdict on a failure (retryable, not_retryable, unknown) and the
+    # failures judged to be its consequences, "; "-separated (migration 0006).
+    verdict: str = ""
+    consequences: str = ""
 
 
 class RestartStages(msgspec.Struct, frozen=True):
