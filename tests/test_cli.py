@@ -141,3 +141,21 @@ def test_the_console_script_is_installed_next_to_the_interpreter():
     import pathlib
     script = pathlib.Path(sys.executable).parent / "trainwarden"
     assert script.exists()
+
+
+GLOO_TEXT = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+             "[bold]x[/bold] [/red]")
+NCCL_TEXT = "[rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective operation timeout"
+
+
+def test_history_shows_gloo_and_nccl_error_texts_unchanged_in_every_view(cli, store):
+    # Job text is data: "[/pytorch/...]" is not a Rich closing tag, "[bold]" is not a style.
+    open_writer(store).write([_record("j1", "a", 1_800_000_000.0, "worker-0", GLOO_TEXT),
+                              _record("j1", "b", 1_800_000_001.0, "worker-1", NCCL_TEXT)])
+    for view in ((), ("--wide",), ("--aggregate",), ("--jobs",), ("--stages",)):
+        result = cli("history", *view, env={"COLUMNS": "400"})
+        assert result.code == 0 and "Traceback" not in result.err and "MarkupError" not in result.err, (view, result)
+    plain = cli("history").out
+    assert "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection" in plain
+    assert "[rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3]" in plain
+    assert [r["error_message"] for r in json.loads(cli("history", "--json").out)] == [GLOO_TEXT, NCCL_TEXT]

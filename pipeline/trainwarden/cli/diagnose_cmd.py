@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+from rich.text import Text
+
 from trainwarden.cli.output import fail, out_console, print_json, table
 from trainwarden.diagnose.advice import advise
 from trainwarden.diagnose.report import build_report
@@ -95,10 +97,10 @@ def _stored(args: argparse.Namespace) -> int:
         print_json(reports)
         return 0
     if not reports:
-        out_console.print(f"No stack reports for job {args.job}.")
+        out_console.print(f"No stack reports for job {args.job}.", markup=False)
         return 0
     for item in reports:
-        out_console.print(f"[bold]round {item['round']}[/]: {item['verdict']}", highlight=False)
+        out_console.print(Text.assemble((f"round {item['round']}", "bold"), f": {item['verdict']}"), highlight=False)
         report = item["report"]
         table(f"{item['processes']} processes ({item['tool'] or 'no tool'}); "
               f"{len(report['groups'])} distinct stacks", ["count", "threads", "innermost frames"],

@@ -10,6 +10,7 @@ from typing import Iterable, Sequence
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from trainwarden.events import Decision, DecisionKind, LogLine, Stream
 
@@ -44,7 +45,7 @@ def print_json(data: object) -> None:
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]], wide: Sequence[str] = ()) -> None:
     """Columns named in ``wide`` may take the room left and are cut with an ellipsis."""
-    t = Table(title=title, title_justify="left", show_lines=False, header_style="bold", box=None, pad_edge=False)
+    t = Table(title=Text(title), title_justify="left", show_lines=False, header_style="bold", box=None, pad_edge=False)
     for column in columns:
         if column in wide:
             t.add_column(column, overflow="ellipsis", no_wrap=True, max_width=90)
@@ -52,10 +53,12 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]], 
             t.add_column(column, no_wrap=True)
     count = 0
     for row in rows:
-        t.add_row(*("" if v is None else str(v) for v in row))
+        # Job text is data: a gloo message starts with "[/path/pair.cc:561]",
+        # which Rich would read as a closing tag.
+        t.add_row(*(Text("" if v is None else str(v)) for v in row))
         count += 1
     if count == 0:
-        out_console.print(f"{title}: nothing recorded yet.")
+        out_console.print(Text(f"{title}: nothing recorded yet."))
         return
     out_console.print(t)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rich.markup import escape
+
 from trainwarden.cli.output import err_console, out_console, print_json, table
 from trainwarden.rules.loader import load_rules, rule_files, shipped_rules_dir
 from trainwarden.rules.testing import run_files
@@ -52,7 +54,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     else:
         for result in results:
             mark = "[green]PASS[/]" if result.passed else "[bold red]FAIL[/]"
-            out_console.print(f"{mark} {result.file}: {result.name}")
+            out_console.print(f"{mark} {escape(str(result.file))}: {escape(result.name)}")
             for problem in result.problems:
                 out_console.print(f"     {problem}", markup=False)
         summary = f"{len(results) - len(failed)} passed, {len(failed)} failed"
