@@ -43,6 +43,8 @@ tests:
     args: --enable-job-restart=True --enable-job-hang-detection=True --job-hang-interval=10
     roles: {{worker: 1}}
     until: 15
+    events:
+      - {{at: 0, log: worker-0, text: started}}
     expect:
       - {{at: 11, action: restart_job, reason: job_hang}}
 """)

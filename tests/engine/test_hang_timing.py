@@ -10,16 +10,33 @@ from tests.builders import T0, Job
 HANG = "--enable-job-restart=True --enable-job-hang-detection=True --job-hang-interval=60"
 
 
+def _spoken(args: str = HANG) -> Job:
+    """A job whose instances printed their first line at T0 (past the start-up allowance)."""
+    job = Job(args)
+    job.at(0).log("worker-0")
+    job.at(0).log("worker-1")
+    return job
+
+
 def test_silence_a_millisecond_short_of_the_interval_is_not_a_hang():
-    job = Job(HANG)
+    job = _spoken()
     assert job.at(59.999).tick() == []
 
 
 def test_silence_of_exactly_the_interval_is_a_hang():
-    job = Job(HANG)
+    job = _spoken()
     [decision] = job.at(60).tick()
     assert decision.kind is DecisionKind.RESTART_JOB and decision.reason is Reason.JOB_HANG
     assert decision.detected_at == T0 + 60
+
+
+def test_before_its_first_line_an_instance_gets_the_start_up_allowance_not_the_interval():
+    job = Job(HANG)
+    job.at(0).log("worker-0")
+    assert job.at(299.9).tick() == []  # worker-1 is still importing torch
+    [decision] = job.at(300).tick()
+    assert decision.reason is Reason.JOB_HANG and "never printed a line" in decision.error_message
+    assert "worker-1" in decision.error_message
 
 
 @pytest.mark.parametrize("tick_s", [1.0, 0.5, 0.2])
@@ -52,7 +69,7 @@ def test_silence_inside_hang_detect_minus_one_is_not_a_hang():
 
 
 def test_a_new_interval_restarts_the_silence_clock():
-    job = Job(HANG)
+    job = _spoken()
     job.at(50).sdk("worker-0", SdkOp.SET_HANG_INTERVAL, interval=30)
     assert job.at(60).tick() == []  # worker-0's clock restarted at 50
     assert job.at(79.9).tick() == []
@@ -71,5 +88,7 @@ def test_an_instance_being_restarted_keeps_the_job_from_counting_as_hung():
     job.at(1).exit("worker-0", 137)  # restart_job: everyone pending until started again
     assert job.at(100).tick() == []
     job.restart_all()
+    job.at(100).log("worker-0")
+    job.at(100).log("worker-1")
     assert job.at(104.9).tick() == []
     assert job.at(105).tick()[0].reason is Reason.JOB_HANG

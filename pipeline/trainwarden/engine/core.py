@@ -96,6 +96,7 @@ def _on_log(state: JobState, event: LogLine, now: float) -> list[Decision]:
         return []
     if event.time > inst.last_output:
         inst.last_output = event.time
+    inst.spoke = True
     text = event.text
     inst.tail.append(text)
     if WATCHDOG_MARK not in text:  # inline: this runs for every line of every instance
@@ -147,6 +148,7 @@ def _on_sdk(state: JobState, event: SdkMessage, now: float) -> list[Decision]:
         inst = state.current(event.instance, event.round, event.start)
         if inst is not None:
             inst.hang_interval = event.interval
+            inst.spoke = True
             # A new interval restarts the silence clock: leaving a long silent
             # hang_detect(-1) scope is not an instant hang.
             inst.last_output = max(inst.last_output, event.time)
@@ -168,6 +170,7 @@ def _on_activity(state: JobState, event: InstanceActivity, now: float) -> list[D
             continue
         if report.last_output > inst.last_output:
             inst.last_output = report.last_output
+            inst.spoke = inst.spoke or report.last_output > inst.started_at
         inst.reported_at = max(inst.reported_at, event.time)
     return []
 

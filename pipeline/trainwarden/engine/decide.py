@@ -112,4 +112,5 @@ def _reset_incarnation(inst: InstanceState) -> None:
     # Interval overrides belong to the running code; a new incarnation starts
     # with the job's configured interval.
     inst.hang_interval = None
+    inst.spoke = False
     inst.tail.clear()

@@ -51,6 +51,9 @@ class InstanceState:
     ever_failed: bool = False
     # When a node agent last reported on this incarnation (jobs with activity reports).
     reported_at: float = 0.0
+    # Whether this incarnation has printed a line (or called the SDK) yet:
+    # before that, silence is judged against the start-up allowance.
+    spoke: bool = False
 
     @property
     def name(self) -> str:

@@ -18,6 +18,15 @@ from trainwarden.rules.model import Detector, DetectorKind
 REPORT_STALE_S = 3.0
 
 
+def interval_in_force(inst, detector: Detector, job_interval: int) -> int:
+    """The silence an instance may keep: its interval (the job's or the
+    SDK's), and before its first line at least the start-up allowance."""
+    interval = job_interval if inst.hang_interval is None else inst.hang_interval
+    if interval >= 0 and not inst.spoke and detector.startup_allowance_s > interval:
+        return detector.startup_allowance_s
+    return interval
+
+
 def _active(state: JobState, detector: Detector) -> bool:
     settings = state.settings
     if detector.enabled_by and not settings.flag_value(detector.enabled_by):
@@ -36,7 +45,7 @@ def silence_deadline(state: JobState, detector: Detector) -> Optional[float]:
             return None  # a (re)start is under way
         if inst.status is not InstanceStatus.RUNNING:
             continue
-        interval = job_interval if inst.hang_interval is None else inst.hang_interval
+        interval = interval_in_force(inst, detector, job_interval)
         if interval < 0:
             return None  # this instance's detection is off: it keeps the job from counting as hung
         candidate = inst.last_output + interval
@@ -58,7 +67,7 @@ def _is_silent(state: JobState, detector: Detector, now: float) -> bool:
             return False
         if status is not InstanceStatus.RUNNING:
             continue
-        interval = job_interval if inst.hang_interval is None else inst.hang_interval
+        interval = interval_in_force(inst, detector, job_interval)
         if interval < 0 or now - inst.last_output < interval:
             return False
         if state.activity_reports and now - inst.reported_at > REPORT_STALE_S:
@@ -76,6 +85,10 @@ def check_silence(state: JobState, detector: Detector, now: float) -> list[Decis
     shortest = min(now - i.last_output for i in running)
     message = (f"no output from any of the {len(running)} running instances for at least "
                f"{shortest:.0f} s (longest silence {longest:.0f} s)")
+    mute = [i.name for i in running if not i.spoke]
+    if mute:
+        message += (f"; {len(mute)} never printed a line within the start-up allowance "
+                    f"({detector.startup_allowance_s} s): {', '.join(mute[:5])}" + (" ..." if len(mute) > 5 else ""))
     kind, reason, rule = guarded(state, detector.action, detector.reason, detector.name, None)
     return [make_decision(state, kind, reason, rule, now, fault_key=(detector.name, state.round),
                           source=detector.error_source, message=message, signature=detector.name,

@@ -126,7 +126,7 @@ def last_traceback(tail: Sequence[str]) -> Optional[TracebackInfo]:
     the exceptions chained before it; None when there is none."""
     starts = [i for i, line in enumerate(tail) if TRACEBACK_START in line]
     if not starts:
-        return None
+        return _headless(tail)
     parsed = [_parse_one(tail, start) for start in starts]
     last = None
     for index in range(len(parsed) - 1, -1, -1):
@@ -145,6 +145,25 @@ def last_traceback(tail: Sequence[str]) -> Optional[TracebackInfo]:
         origins.insert(0, origin if origin is not None else Origin.STDLIB)
         index -= 1
     return dataclasses.replace(info, causes=tuple(causes), cause_origins=tuple(origins))
+
+
+def _headless(tail: Sequence[str]) -> Optional[TracebackInfo]:
+    """Frames and an exception with no "Traceback" line above them (a log
+    cut at its start, a framework that prints frames itself): the frames
+    within the last lines before the last exception line."""
+    for end in range(len(tail) - 1, max(-1, len(tail) - 80), -1):
+        found = parse_exception(tail[end])
+        if found is None:
+            continue
+        frames = []
+        for line in tail[max(0, end - 60):end]:
+            frame = _FRAME.match(strip_prefix(line))
+            if frame is not None:
+                frames.append(Frame(frame.group("file"), int(frame.group("line")), (frame.group("func") or "").strip()))
+        if frames:
+            return TracebackInfo(exception=found[0], message=found[1], frames=tuple(frames))
+        return None
+    return None
 
 
 def _chained(tail: Sequence[str], previous: int, current: int) -> bool:

@@ -350,7 +350,15 @@ def _detector(fields: Fields, origin: Origin) -> Detector:
         action=_enum(fields, "action", DecisionKind, (DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB)),
         reason=_enum(fields, "reason", Reason),
         origin=origin,
+        startup_allowance_s=_allowance(fields),
     )
+
+
+def _allowance(fields: Fields) -> int:
+    value = fields.get("startup_allowance_s", int, 0)
+    if not 0 <= value <= 86_400:
+        raise fields.error("startup_allowance_s", "startup_allowance_s must be from 0 to 86400 seconds")
+    return value
 
 
 def _limit(fields: Fields, origin: Origin) -> Limit:

@@ -114,6 +114,9 @@ class Detector:
     action: DecisionKind
     reason: Reason
     origin: Origin
+    # Silence: until an instance's first output line (or SDK call), it gets
+    # at least this long (slow imports, process-group set-up); 0 = none.
+    startup_allowance_s: int = 0
 
 
 class LimitKind(str, enum.Enum):
