@@ -75,6 +75,9 @@ class ControlServer:
         self._deliver = deliver
         self._on_refused = on_refused
         self._tokens: dict[str, Incarnation] = {}
+        # Incarnations being stopped: their requests are answered at once,
+        # since the loop is busy stopping them and must not be waited for.
+        self._stopping: set[str] = set()
         self._lock = threading.Lock()
         server = self
 
@@ -108,6 +111,15 @@ class ControlServer:
     def revoke(self, token: str) -> None:
         with self._lock:
             self._tokens.pop(token, None)
+            self._stopping.discard(token)
+
+    def mark_stopping(self, token: str) -> None:
+        """From now on this incarnation's SDK calls never wait for the loop:
+        a worker leaving a hang_detect scope in its SIGTERM handler exits at
+        once instead of holding its stop for the whole grace period."""
+        with self._lock:
+            if token in self._tokens:
+                self._stopping.add(token)
 
     def _handle(self, line: bytes) -> tuple[bool, str]:
         try:
@@ -117,6 +129,7 @@ class ControlServer:
             return False, str(exc)
         with self._lock:
             who: Optional[Incarnation] = self._tokens.get(body["token"])
+            stopping = body["token"] in self._stopping
         if who is None:
             self._on_refused("unknown or expired token", b"")
             return False, "unknown or expired token: is this process still part of a running job?"
@@ -125,8 +138,13 @@ class ControlServer:
             op=SdkOp(body["op"]), content=body.get("content", ""),
             keywords=tuple(body.get("errors", ())), interval=body.get("interval"),
         )
+        if stopping and message.op is SdkOp.SET_HANG_INTERVAL:
+            return True, "ignored: this instance is being stopped"
         pending = PendingReply(message)
         self._deliver(pending)
+        if stopping:
+            # Keywords and messages still reach the engine; the caller does not wait for it.
+            return True, "accepted: this instance is being stopped"
         if not pending.wait(REPLY_WAIT_S):
             return False, "the engine did not take the message in time"
         return pending.ok, pending.text

@@ -77,16 +77,25 @@ class LocalJobRunner:
             env.update(settings.c4d_env())
         return env
 
+    def _mark_stopping(self, names: Sequence[str]) -> None:
+        for name in names:
+            token = self._tokens.get(name)
+            if token:
+                self.control.mark_stopping(token)
+
     def stop(self, names: Sequence[str]) -> None:
+        self._mark_stopping(names)
         self.runtime.stop(names, self.job.stop_grace_s)
 
     def stop_all(self) -> None:
+        self._mark_stopping(list(self._tokens))
         self.runtime.stop_all(self.job.stop_grace_s)
 
     def preempt(self, notice_s: float) -> None:
         """The market took the instances back: without notice they die at
         once (SIGKILL); with notice they get SIGTERM and the notice period."""
         names = self.runtime.running()
+        self._mark_stopping(names)
         if notice_s > 0:
             self.runtime.stop(names, notice_s)
         else:

@@ -31,6 +31,8 @@ from trainwarden.sdk import protocol
 
 CONNECT_TIMEOUT_S = 2.0
 REPLY_TIMEOUT_S = 30.0
+# During interpreter exit nothing is worth waiting for.
+EXITING_TIMEOUT_S = 1.0
 
 
 class Status:
@@ -106,8 +108,10 @@ class Monitor:
         try:
             host, port = self.address.rsplit(":", 1)
             request = protocol.encode_request(self.token, op, **fields)
-            with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S) as conn:
-                conn.settimeout(REPLY_TIMEOUT_S)
+            exiting = sys.is_finalizing()
+            with socket.create_connection((host, int(port)),
+                                          timeout=EXITING_TIMEOUT_S if exiting else CONNECT_TIMEOUT_S) as conn:
+                conn.settimeout(EXITING_TIMEOUT_S if exiting else REPLY_TIMEOUT_S)
                 conn.sendall(request)
                 reply = _read_line(conn)
         except (OSError, ValueError, protocol.ProtocolError) as exc:

@@ -243,6 +243,9 @@ class Agent:
         self.counters.stops += 1
         tokens = {name: r.token for name in targets
                   if (r := self.running.get((command.job_id, name))) is not None} if command.snapshot_report else {}
+        for name in targets:
+            if (r := self.running.get((command.job_id, name))) is not None:
+                self.control.mark_stopping(r.token)
         # In the background: a grace period (or a stack dump) must not delay heartbeats.
         thread = threading.Thread(target=self._dump_then_stop, daemon=True,
                                   args=(runtime, command, list(targets), targets, tokens))
