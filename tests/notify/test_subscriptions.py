@@ -158,3 +158,23 @@ def test_loopback_targets_pass_only_with_an_explicit_permission(tmp_path):
         load_subscriptions(write(tmp_path / "a", text.replace("ALLOW", "")))
     assert load_subscriptions(write(tmp_path / "b", text.replace("ALLOW", "")), allow_loopback=True)
     assert load_subscriptions(write(tmp_path / "c", text.replace("ALLOW", ", allow_private_targets: true")))
+
+
+GLOO = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+        "[127.0.0.1]:40123 <!channel> ``` *bold* & more")
+NCCL = "[rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective operation timeout"
+
+
+def test_real_gloo_and_nccl_texts_reach_every_chat_template_as_text_not_markup(tmp_path):
+    for message in (GLOO, NCCL):
+        decision = msgspec.structs.replace(CASES[0][0], error_message=message)
+        [event] = events_from_decision(decision)
+        bodies = {sub.template.what: json.loads(sub.template.render(event.payload(), sub.name))
+                  for sub in load_subscriptions()}
+        assert message in json.dumps(bodies["template 'json'"], ensure_ascii=False)
+        slack = json.dumps(bodies["template 'slack'"], ensure_ascii=False)
+        # Slack shows &amp; &lt; &gt; as & < >; a link, a mention or a closing ``` cannot be made.
+        shown = message.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("```", "`\u200b``")
+        assert shown in slack and "<!channel>" not in slack
+        dingtalk = bodies["template 'dingtalk'"]["markdown"]["text"]
+        assert "\\[/pytorch/third\\_party/gloo/gloo/transport/tcp/pair.cc:561\\]" in dingtalk or "\\[rank3\\]" in dingtalk

@@ -53,6 +53,9 @@ class TemplateSet:
             undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
         self.env.filters["iso"] = iso
         self.env.filters["tojson"] = _tojson
+        # Job text is data: these make chat markup show it as it is.
+        self.env.filters["slack_text"] = slack_text
+        self.env.filters["markdown_text"] = markdown_text
         # Chinese or accented text stays readable in the body (DingTalk, Slack).
         self.env.policies["json.dumps_kwargs"] = {"sort_keys": False, "ensure_ascii": False}
         # inline file name -> (subscription file, line of the template's first line)
@@ -122,6 +125,25 @@ class BodyTemplate:
         if len(text.encode()) > MAX_BODY_BYTES:
             raise RenderError(f"{self.what}: the body is larger than {MAX_BODY_BYTES // 1024} KiB", *self.where)
         return text
+
+
+def slack_text(value) -> str:
+    """Slack's mrkdwn shows &, < and > only escaped (unescaped, "<!channel>"
+    pings a channel and "<url|text>" is a link); a run of three backticks
+    would close the code block the message is shown in."""
+    _raise_undefined(value)
+    text = str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("```", "`\u200b``")
+
+
+_MARKDOWN_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_[]<>#|~"})
+
+
+def markdown_text(value) -> str:
+    """Markdown (DingTalk) shows job text as it is only with its special
+    characters escaped: "[/path/pair.cc:561]" is not a link, "*" not emphasis."""
+    _raise_undefined(value)
+    return str(value).translate(_MARKDOWN_SPECIAL)
 
 
 @jinja2.pass_eval_context
