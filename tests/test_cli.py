@@ -159,3 +159,19 @@ def test_history_shows_gloo_and_nccl_error_texts_unchanged_in_every_view(cli, st
     assert "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection" in plain
     assert "[rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3]" in plain
     assert [r["error_message"] for r in json.loads(cli("history", "--json").out)] == [GLOO_TEXT, NCCL_TEXT]
+
+
+def test_the_report_shows_gloo_and_nccl_error_texts_unchanged(cli, store, tmp_path):
+    import html
+
+    from tests.store.store_factories import job
+
+    open_writer(store).write([job("j1", 1_799_999_990.0),
+                              _record("j1", "a", 1_800_000_000.0, "worker-0", GLOO_TEXT + " <b>x</b>"),
+                              _record("j1", "b", 1_800_000_001.0, "worker-1", NCCL_TEXT)])
+    page = tmp_path / "report.html"
+    result = cli("report", "--job", "j1", "-o", str(page))
+    assert result.code == 0, result
+    text = page.read_text()
+    assert html.escape(GLOO_TEXT + " <b>x</b>", quote=False) in text and "<b>x</b>" not in text
+    assert html.escape(NCCL_TEXT, quote=False) in text
