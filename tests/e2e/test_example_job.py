@@ -17,3 +17,7 @@ def test_the_example_job_recovers_from_a_crash_and_a_hang_and_succeeds(cli, job_
     assert "round 2: " in result.out and "resuming at step 0" not in result.out.split("round 2")[1]
     # The example runs under python3 from PATH, which imports the SDK through the runtime's path.
     assert "loss is NaN; told the engine: OK" in result.out and "Traceback" not in result.out
+    # The workers checkpoint on SIGTERM from inside @hang_detect: each stop
+    # ends when they exit, not at the end of the 3 s grace period.
+    stages = history(job_id, "--stages")
+    assert len(stages) == 2 and all(0 <= s["stopped_at"] - s["decided_at"] < 1.0 for s in stages), stages
