@@ -84,7 +84,7 @@ def judge(pack: RulePack, failures: Sequence[Failure], custom_keywords: Iterable
         judged.extend(_judge_instance(pack, failure, keywords))
     judged = _mark_launcher_kills(judged)
     ordered = sorted(judged, key=lambda j: (j.time, j.position))
-    root, reason = _choose(ordered, failures)
+    root, reason = _choose(ordered)
     rest = tuple(j for j in ordered if j is not root)
     return Judgement(root=root, consequences=rest, reason=reason)
 
@@ -153,7 +153,7 @@ def _mark_launcher_kills(judged: list[Judged]) -> list[Judged]:
     return marked
 
 
-def _choose(ordered: list[Judged], failures: Sequence[Failure]) -> tuple[Judged, RootReason]:
+def _choose(ordered: list[Judged]) -> tuple[Judged, RootReason]:
     if len(ordered) == 1:
         return ordered[0], RootReason.ONLY_FAILURE
     own = [j for j in ordered if j.own_error]
@@ -167,8 +167,3 @@ def _choose(ordered: list[Judged], failures: Sequence[Failure]) -> tuple[Judged,
         return bare[0], RootReason.NO_OWN_ERROR
     return ordered[0], RootReason.ONLY_AFTERMATH
 
-
-def waiting_for_root_cause(judgement: Judgement) -> bool:
-    """Whether a judgement made so far could still change when more
-    instances exit: nothing yet is an error of an instance's own."""
-    return not judgement.root.own_error

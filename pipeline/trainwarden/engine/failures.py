@@ -9,8 +9,6 @@ fault being judged.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from trainwarden.attribution import Failure, Judgement, judge
 from trainwarden.classify import Verdict
 from trainwarden.engine.decide import guarded, make_decision
@@ -83,7 +81,7 @@ def on_failure(state: JobState, inst: InstanceState, event: InstanceExited, now:
     return settle_pending(state, now)
 
 
-def settle_pending(state: JobState, now: float, *, expired: bool = False) -> list[Decision]:
+def settle_pending(state: JobState, now: float) -> list[Decision]:
     """Judge the failures waiting for attribution once a root cause is
     evident (a failure that is not aftermath and whose verdict is known),
     every instance has exited, or the window is over. Only aftermath and
@@ -94,7 +92,7 @@ def settle_pending(state: JobState, now: float, *, expired: bool = False) -> lis
     judgement = judge(state.pack, pending.failures, _keywords(state))
     running = any(i.status in (InstanceStatus.RUNNING, InstanceStatus.PENDING) for i in state.instances.values())
     decided = not judgement.root.consequence and judgement.verdict.verdict is not Retryability.UNKNOWN
-    if not (decided or not running or expired or now >= pending.deadline):
+    if not (decided or not running or now >= pending.deadline):
         return []
     state.pending_failures = None
     return [respond_judgement(state, judgement, now)]
@@ -163,6 +161,3 @@ def _effective_retryable(state: JobState, inst: InstanceState, verdict: Verdict,
     allowed = inst.error_counts.get(signature, 0) <= state.pack.unknown_restarts
     return allowed, not allowed
 
-
-def pending_deadline(state: JobState) -> Optional[float]:
-    return state.pending_failures.deadline if state.pending_failures is not None else None

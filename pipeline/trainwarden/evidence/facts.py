@@ -7,11 +7,9 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 from trainwarden.evidence.collectives import collective_desync, store_barrier_overcount
-from trainwarden.evidence.signals import kernel_oom_line
 
 FACTS: dict[str, Callable[[Sequence[str]], Optional[str]]] = {
     "collective_desync": collective_desync,
-    "kernel_oom": kernel_oom_line,
     "store_barrier_overcount": store_barrier_overcount,
 }
 FACT_NAMES = tuple(FACTS)

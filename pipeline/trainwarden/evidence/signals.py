@@ -30,12 +30,6 @@ _TEXT_FORMS = (
 # The shell's report of a SIGKILLed child: "Killed" alone, or glued to the end
 # of a progress bar that had no newline ("... 3.2it/s]Killed").
 _KILLED = re.compile(r"(?:^|[\]\s%|])Killed(?:\s+\S*python\S*.*)?\s*$")
-_KERNEL_OOM = re.compile(
-    r"Out of memory: Killed process|oom-kill(?:er)?\b|invoked oom-killer|Memory cgroup out of memory"
-    r"|oom_reaper: reaped process|OOMKilled|killed by the OOM killer|Killed process \d+ .*total-vm",
-    re.IGNORECASE)
-
-
 @dataclasses.dataclass(frozen=True)
 class SignalDeath:
     signal: int
@@ -78,11 +72,4 @@ def signal_death(exit_code: int, tail: Sequence[str]) -> Optional[SignalDeath]:
                 return SignalDeath(_BY_NAME[groups["name"]], text)
         if _KILLED.search(text):
             return SignalDeath(9, text)
-    return None
-
-
-def kernel_oom_line(tail: Sequence[str]) -> Optional[str]:
-    for line in reversed(tail):
-        if _KERNEL_OOM.search(line):
-            return strip_prefix(line)
     return None

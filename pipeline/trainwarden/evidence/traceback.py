@@ -114,6 +114,13 @@ def origin_of(path: str) -> Origin:
     return Origin.USER
 
 
+def _frame(line: str) -> Optional[Frame]:
+    match = _FRAME.match(strip_prefix(line))
+    if match is None:
+        return None
+    return Frame(match.group("file"), int(match.group("line")), (match.group("func") or "").strip())
+
+
 def parse_exception(line: str) -> Optional[tuple[str, str]]:
     match = _EXCEPTION.match(strip_prefix(line))
     if match is None:
@@ -157,9 +164,9 @@ def _headless(tail: Sequence[str]) -> Optional[TracebackInfo]:
             continue
         frames = []
         for line in tail[max(0, end - 60):end]:
-            frame = _FRAME.match(strip_prefix(line))
+            frame = _frame(line)
             if frame is not None:
-                frames.append(Frame(frame.group("file"), int(frame.group("line")), (frame.group("func") or "").strip()))
+                frames.append(frame)
         if frames:
             return TracebackInfo(exception=found[0], message=found[1], frames=tuple(frames))
         return None
@@ -177,9 +184,9 @@ def _parse_one(tail: Sequence[str], start: int) -> Optional[TracebackInfo]:
     index = start + 1
     while index < end:
         line = strip_prefix(tail[index])
-        frame = _FRAME.match(line)
+        frame = _frame(line)
         if frame is not None:
-            frames.append(Frame(frame.group("file"), int(frame.group("line")), (frame.group("func") or "").strip()))
+            frames.append(frame)
             index += 1
             continue
         found = parse_exception(line)
