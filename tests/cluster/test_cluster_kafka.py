@@ -84,7 +84,8 @@ def test_a_sync_job_across_nodes_survives_a_crash_a_hang_and_an_isolated_node(se
                             env=services.env, capture_output=True, text=True, timeout=60)
     [report] = json.loads(stacks.stdout)
     if find_tool("py-spy") or find_tool("pystack"):
-        assert report["round"] == 1 and report["processes"] == 2 and report["report"]["missing"] == [], report
+        assert report["round"] == 1 and report["processes"] == 2 and report["report"]["missing"] == [], (
+            json.dumps(report, indent=1)[:6000] + services.logs())
     else:  # the report still comes, saying what is missing
         assert report["round"] == 1 and report["processes"] == 0 and report["report"]["missing"], report
     listed = subprocess.run([*TRAINWARDEN, "nodes", "--json"], env=services.env, capture_output=True, text=True,

@@ -98,8 +98,8 @@ class Agent:
         # The C4D agent's log on this node: the trusted diagnostic channel.
         self.c4d = FileFollower(c4d_log, self._c4d_line) if c4d_log else None
         self._stoppers: list[threading.Thread] = []
-        self._stoppers_by_key: dict[tuple[str, str], threading.Thread] = {}
         self._deferred: list = []  # (stopper thread, start) waiting for a stop to finish
+        self._stopping: dict[tuple[str, str], tuple[tuple[int, int], threading.Thread]] = {}
 
     # ------------------------------------------------------------ the loop
 
@@ -213,7 +213,8 @@ class Agent:
         self.counters.starts += 1
         name = command.instance.name
         older = {name: (current.round, current.start)} if current is not None else None
-        stopper = self._stoppers_by_key.get(key)
+        under_way = self._stopping.get(key)
+        stopper = under_way[1] if under_way is not None else None
 
         def launch() -> None:
             if older is not None:
@@ -240,6 +241,17 @@ class Agent:
             # incarnation may have taken the name.
             targets = {name: (r.round, r.start) for name in names
                        if (r := self.running.get((command.job_id, name))) is not None}
+        # A stop already under way for the same incarnation (a hang's stack
+        # dump, then the grace period) finishes it; a second stop in parallel
+        # (the actuator reconciling a heartbeat sent meanwhile) would kill
+        # the processes while they are being dumped.
+        for name, incarnation in list(targets.items()):
+            under_way = self._stopping.get((command.job_id, name))
+            if under_way is not None and under_way[0] == incarnation and under_way[1].is_alive():
+                del targets[name]
+        if not targets:
+            self.counters.ignored_commands += 1
+            return
         self.counters.stops += 1
         tokens = {name: r.token for name in targets
                   if (r := self.running.get((command.job_id, name))) is not None} if command.snapshot_report else {}
@@ -251,8 +263,8 @@ class Agent:
                                   args=(runtime, command, list(targets), targets, tokens))
         thread.start()
         self._stoppers = [t for t in self._stoppers if t.is_alive()] + [thread]
-        for name in targets:
-            self._stoppers_by_key[(command.job_id, name)] = thread
+        for name, incarnation in targets.items():
+            self._stopping[(command.job_id, name)] = (incarnation, thread)
 
     def _dump_then_stop(self, runtime: LocalRuntime, command: StopInstances, names: list,
                         targets: dict, tokens: dict) -> None:

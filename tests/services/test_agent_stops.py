@@ -1,0 +1,89 @@
+"""The agent's stops: a second stop of an incarnation whose stack is being
+dumped (the actuator reconciling a heartbeat sent meanwhile) must not kill
+the processes under the dump."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from trainwarden.bus import COMMANDS, NODES, topic_specs
+from trainwarden.bus.memory import MemoryBus
+from trainwarden.bus.messages import StackDumps, StartInstance, StopInstances
+from trainwarden.bus.serde import decode, encode
+from trainwarden.diagnose.collect import find_tool
+from trainwarden.events import InstanceSpec
+from trainwarden.services.agent import Agent
+
+JOB = "agent-stops"
+
+
+@pytest.fixture
+def slow_pyspy(tmp_path, monkeypatch):
+    real = find_tool("py-spy")
+    if real is None:
+        pytest.skip("py-spy is not installed (make setup installs the diagnose extra)")
+    wrapper = tmp_path / "slow-py-spy"
+    # Slow enough that the second stop surely arrives while the dump runs.
+    wrapper.write_text(f"#!/bin/sh\nsleep 1.5\nexec {real} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("TRAINWARDEN_PYSPY", str(wrapper))
+    monkeypatch.setenv("TRAINWARDEN_STACK_TOOLS", "py-spy")
+
+
+def _send(bus, command) -> None:
+    producer = bus.producer()
+    producer.send(COMMANDS, command.node, encode(command))
+    producer.flush()
+
+
+def _run_until(agent, predicate, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        agent.run_once(0.02)
+        found = predicate()
+        if found:
+            return found
+    raise AssertionError("timed out")
+
+
+def test_a_reconciling_stop_during_a_hangs_stack_dump_leaves_the_processes_to_the_dump(tmp_path, slow_pyspy):
+    bus = MemoryBus()
+    bus.create_topics(topic_specs(1))
+    agent = Agent(bus, "n1", 2, tmp_path / "logs", address="127.0.0.1")
+    nodes = bus.consumer([NODES], None, from_beginning=True)
+    try:
+        _run_until(agent, agent.ready, 10)
+        spec = InstanceSpec(name="worker-0", role="worker", index=0, rank=0)
+        program = "import os, time; print('up', os.getpid(), flush=True); time.sleep(600)"
+        _send(bus, StartInstance(node="n1", job_id=JOB, action_id="start", instance=spec, round=1, start=0,
+                                 world_size=1, master_addr="127.0.0.1", master_port=29999,
+                                 command=(sys.executable, "-c", program)))
+        running = _run_until(agent, lambda: agent.running.get((JOB, "worker-0")), 10)
+        _run_until(agent, lambda: running.pid and running.tail, 10)
+        stop = StopInstances(node="n1", job_id=JOB, action_id="stop", instances=("worker-0",), grace_s=2.0,
+                             incarnations=(("worker-0", 1, 0),), snapshot_report="hang-1")
+        _send(bus, stop)
+        _run_until(agent, lambda: any(t.is_alive() for t in agent._stoppers), 5)
+        _send(bus, StopInstances(node="n1", job_id=JOB, action_id="reconcile", instances=("worker-0",),
+                                 grace_s=2.0, incarnations=(("worker-0", 1, 0),)))
+
+        def dumps():
+            for record in nodes.poll(0.0, max_records=100):
+                message = decode(NODES, record.value)
+                if isinstance(message, StackDumps):
+                    return message
+            return None
+
+        report = _run_until(agent, dumps, 30)
+        assert report.report_id == "hang-1" and report.missing == (), report.missing
+        assert f'"pid": {running.pid}' in report.dumps_json or f'"pid":{running.pid}' in report.dumps_json
+        _run_until(agent, lambda: (JOB, "worker-0") not in agent.running, 15)
+        with pytest.raises(ProcessLookupError):
+            os.kill(running.pid, 0)
+    finally:
+        nodes.close()
+        agent.close(grace_s=2.0)
