@@ -14,6 +14,7 @@ import dataclasses
 from trainwarden.actuator import Actuator
 from trainwarden.bus.messages import NodeState
 from trainwarden.events import Decision, DecisionKind, ErrorSource, LogLine, Reason, Stream, action_id
+from trainwarden.runtime.base import Capability
 from trainwarden.services.actuator_service import node_event
 from trainwarden.store.records import DiagnosisRecord, JobRecord, SpotTransition, StackReportRecord
 
@@ -38,6 +39,8 @@ class Clock:
 class FakeRuntime:
     """Instances that start and stop instantly; every stop takes 1.5 s, every start 0.75 s."""
 
+    capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.ISOLATE_NODE})
+
     def __init__(self, clock: Clock, names: list[str]):
         self.clock = clock
         self.instance_names = names
@@ -47,15 +50,14 @@ class FakeRuntime:
         self.clock.advance(0.75 / len(self.instance_names))
         return 0
 
-    def stop(self, names) -> None:
+    def stop(self, names, snapshot: str = "") -> None:
         self.clock.advance(1.5)
 
-    def stop_all(self) -> None:
+    def stop_all(self, snapshot: str = "") -> None:
         self.clock.advance(1.5)
 
-    def isolate_node(self, node: str, reason: str) -> bool:
+    def isolate_node(self, node: str, reason: str) -> None:
         self.isolated.append(node)
-        return True
 
 
 @dataclasses.dataclass

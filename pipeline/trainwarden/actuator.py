@@ -14,17 +14,24 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import msgspec
 
-from trainwarden.events import Decision, DecisionKind, LogLine
 from trainwarden.engine.spot import SPOT_STATES
-from trainwarden.store.records import FaultRecord, RestartStages, SpotTransition
+from trainwarden.events import Decision, DecisionKind, ErrorSource, LogLine
+from trainwarden.runtime.base import Capability, JobRuntime
+from trainwarden.store.records import FaultRecord, FaultResult, RestartStages, SpotTransition
+
+# The decisions each capability carries out; a runtime without it records them as unsupported.
+NEEDS = {
+    DecisionKind.RESTART_JOB: Capability.RESTART_JOB,
+    DecisionKind.RESTART_INSTANCE: Capability.RESTART_INSTANCE,
+    DecisionKind.ISOLATE_NODE: Capability.ISOLATE_NODE,
+    DecisionKind.REQUEUE: Capability.PREEMPT,
+}
 
 
-class JobRuntime(Protocol):
-    instance_names: list
-
-    def start(self, name: str, round_: int, start: int) -> int: ...
-    def stop(self, names: Sequence[str]) -> None: ...
-    def stop_all(self) -> None: ...
+def wants_stack_report(decision: Decision) -> bool:
+    """A hang that ends the round: its stacks are dumped before the instances are stopped."""
+    return decision.error_source in (ErrorSource.HANG, ErrorSource.EXIT_HANG) and decision.kind in (
+        DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB)
 
 
 class HistoryWriter(Protocol):
@@ -64,7 +71,9 @@ class Actuator:
         self.runtime.start(name, round_, start)
         return round_, start
 
-    def execute(self, decision: Decision) -> None:
+    def execute(self, decision: Decision, snapshot: str = "") -> None:
+        """Carry out one decision, once. ``snapshot``: the report id under
+        which the runtime dumps the stacks before it stops the instances."""
         if decision.action_id in self.executed:
             self.duplicates += 1
             return
@@ -82,35 +91,39 @@ class Actuator:
             return
         if kind is DecisionKind.QUEUE_JOB:
             return  # nothing to start until the market allows
-        self._record(decision, "pending", 0.0)
+        self._record(decision, FaultResult.PENDING, 0.0)
+        needed = NEEDS.get(kind)
+        if needed is not None and needed not in self.runtime.capabilities:
+            self._record(decision, FaultResult.UNSUPPORTED, 0.0)
+            return
         try:
             if kind is DecisionKind.RESTART_JOB:
-                self._restart(decision, self.runtime.instance_names, decision.round + 1, dict(decision.starts))
+                self._restart(decision, self.runtime.instance_names, decision.round + 1, dict(decision.starts),
+                              snapshot)
             elif kind is DecisionKind.RESTART_INSTANCE:
                 self._restart(decision, [decision.instance], decision.round, {decision.instance: decision.next_start})
             elif kind is DecisionKind.FAIL_JOB:
-                self.runtime.stop_all()
-                self._record(decision, "done", self.clock() - decision.detected_at)
+                self.runtime.stop_all(snapshot)
+                self._record(decision, FaultResult.DONE, self.clock() - decision.detected_at)
             elif kind is DecisionKind.NOTIFY:
-                self._record(decision, "done", 0.0)
-            elif kind is DecisionKind.REQUEUE and hasattr(self.runtime, "preempt"):
+                self._record(decision, FaultResult.DONE, 0.0)
+            elif kind is DecisionKind.REQUEUE:
                 self.runtime.preempt(decision.notice_s)
-                self._record(decision, "done", self.clock() - decision.detected_at)
-            elif kind is DecisionKind.ISOLATE_NODE and hasattr(self.runtime, "isolate_node"):
+                self._record(decision, FaultResult.DONE, self.clock() - decision.detected_at)
+            elif kind is DecisionKind.ISOLATE_NODE:
                 self.runtime.isolate_node(decision.node, decision.reason.value)
-                self._record(decision, "done", self.clock() - decision.detected_at)
+                self._record(decision, FaultResult.DONE, self.clock() - decision.detected_at)
             else:
-                # Node isolation and re-queueing need a node pool / a market;
-                # the local runtime has neither.
-                self._record(decision, "unsupported", 0.0)
+                self._record(decision, FaultResult.UNSUPPORTED, 0.0)
         except Exception:
             self.failures += 1
-            self._record(decision, "failed", self.clock() - decision.detected_at)
+            self._record(decision, FaultResult.FAILED, self.clock() - decision.detected_at)
             raise
 
-    def _restart(self, decision: Decision, names: Sequence[str], new_round: int, starts: dict) -> None:
+    def _restart(self, decision: Decision, names: Sequence[str], new_round: int, starts: dict,
+                 snapshot: str = "") -> None:
         decided_at = self.clock()
-        self.runtime.stop(names)
+        self.runtime.stop(names, snapshot)
         stopped_at = self.clock()
         waiting = {name: self._start(name, new_round, starts.get(name)) for name in names}
         restarted_at = self.clock()
@@ -123,7 +136,7 @@ class Actuator:
         self.history.write([stages])
         # Done once restarted; the record is updated again with the time until
         # the job runs again, if this actuator lives to see it.
-        self._record(decision, "done", restarted_at - decision.detected_at)
+        self._record(decision, FaultResult.DONE, restarted_at - decision.detected_at)
         self._restarts.append(_PendingRestart(decision, stages, waiting))
 
     def observe(self, event: LogLine) -> None:
@@ -143,7 +156,7 @@ class Actuator:
         stages = msgspec.structs.replace(pending.stages, running_at=running_at or 0.0, updated_at=now)
         end = running_at or pending.stages.restarted_at
         self.history.write([stages])
-        self._record(pending.decision, "done", end - pending.decision.detected_at)
+        self._record(pending.decision, FaultResult.DONE, end - pending.decision.detected_at)
 
     def finish(self) -> None:
         """The job is over: restarts that never printed again are done without a running time."""
@@ -159,7 +172,7 @@ class Actuator:
             on_demand=cost.on_demand, held_s=cost.held_s, queued_s=cost.queued_s,
             preemptions=cost.preemptions, resumes=cost.resumes, updated_at=self.clock())])
 
-    def _record(self, decision: Decision, result: str, duration_s: float) -> None:
+    def _record(self, decision: Decision, result: FaultResult, duration_s: float) -> None:
         now = max(self.clock(), self._versions.get(decision.action_id, 0.0) + 0.002)
         self._versions[decision.action_id] = now
         self.history.write([FaultRecord(
@@ -168,7 +181,7 @@ class Actuator:
             instance_name=decision.instance, error_code=decision.error_code,
             error_message=decision.error_message,
             error_source=decision.error_source.value if decision.error_source else "",
-            action=decision.kind.value, result=result, duration_s=round(max(duration_s, 0.0), 3),
+            action=decision.kind.value, result=result.value, duration_s=round(max(duration_s, 0.0), 3),
             reason=decision.reason.value, rule=decision.rule, classifier=decision.classifier,
             category=decision.category, error_signature=decision.error_signature, updated_at=now,
             verdict=decision.verdict, consequences="; ".join(decision.consequences),

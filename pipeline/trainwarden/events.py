@@ -147,6 +147,10 @@ class JobSpec(msgspec.Struct, frozen=True):
     workdir: str = ""
     env: tuple[tuple[str, str], ...] = ()
     stop_grace_s: float = 10.0
+    checkpoint_dir: str = ""  # TRAINWARDEN_CHECKPOINT_DIR of every instance
+
+    def role(self, name: str) -> RoleSpec:
+        return next(r for r in self.roles if r.name == name)
 
 
 # ---------------------------------------------------------------- events

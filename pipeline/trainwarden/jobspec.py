@@ -27,9 +27,9 @@ import re
 import secrets
 import shlex
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Optional
 
-from trainwarden.events import InstanceSpec
+from trainwarden.events import InstanceSpec, JobSpec, RoleSpec
 from trainwarden.settings import JobSettings, parse_args_string
 from trainwarden.spot.spec import RoleBid, parse_spot
 from trainwarden.yamlsrc import ConfigError, Fields, load_yaml_file
@@ -73,6 +73,12 @@ class JobDefinition:
 
     def role(self, name: str) -> Role:
         return next(r for r in self.roles if r.name == name)
+
+    def spec(self) -> JobSpec:
+        """How to start the instances, as every runtime takes it."""
+        return JobSpec(roles=tuple(RoleSpec(r.name, r.count, r.command, r.env) for r in self.roles),
+                       workdir=self.workdir or "", env=self.env, stop_grace_s=self.stop_grace_s,
+                       checkpoint_dir=self.checkpoint_dir or "")
 
 
 def make_job_id(command: tuple[str, ...] = ()) -> str:
@@ -176,9 +182,3 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
         checkpoint_dir=str((path.parent / checkpoint_dir.replace("{job_id}", final_id)).resolve())
         if checkpoint_dir else None,
     )
-
-
-def merged_env(job: JobDefinition, role: Role) -> Mapping[str, str]:
-    env = dict(job.env)
-    env.update(dict(role.env))
-    return env

@@ -12,31 +12,30 @@ from trainwarden.rules.loader import load_rules
 from trainwarden.services.actuator_service import ActuatorService
 from trainwarden.services.agent import Agent
 from trainwarden.services.follow import Follower, submit
+from trainwarden.services.loop import serve
 from trainwarden.services.processor import Processor
 from trainwarden.store import open_writer
 
 
 class Service:
+    """A service on the one service loop, in a thread; its errors surface in the test."""
+
     def __init__(self, name: str, service):
         self.name = name
         self.service = service
         self.stopped = threading.Event()
-        self.errors: list[BaseException] = []
-        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=serve, name=name, daemon=True,
+                                       args=(service, self.stopped.is_set, self._say))
         self.thread.start()
 
-    def _loop(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                self.service.run_once()
-            except BaseException as exc:  # noqa: BLE001 - surfaced by the test
-                self.errors.append(exc)
-                time.sleep(0.2)
+    def _say(self, level: str, text: str) -> None:
+        if level == "error":
+            self.errors.append(text)
 
     def stop(self) -> None:
         self.stopped.set()
         self.thread.join(30)
-        self.service.close()
 
 
 class LocalCluster:
@@ -45,8 +44,13 @@ class LocalCluster:
         self.tmp = tmp
         self.store = tmp / "store"
         bus.create_topics(topic_specs(4))
+        # Each node's C4D log: the trusted diagnostic channel of its agent.
+        self.c4d_logs = {f"node-{i}": tmp / f"c4d-node-{i}.log" for i in range(nodes)}
+        for path in self.c4d_logs.values():
+            path.touch()
         self.agents = {f"node-{i}": Service(f"agent-{i}", Agent(bus, f"node-{i}", slots, tmp / f"logs-{i}",
-                                                                address="127.0.0.1"))
+                                                                address="127.0.0.1",
+                                                                c4d_log=self.c4d_logs[f"node-{i}"]))
                        for i in range(nodes)}
         self.processor = Service("processor", Processor(bus, load_rules()))
         self.actuator = Service("actuator", ActuatorService(bus, open_writer(self.store),
@@ -65,6 +69,13 @@ class LocalCluster:
         outcome = follower.follow(lines.append, decisions.append, timeout_s=timeout_s)
         follower.close()
         return outcome, lines, decisions
+
+    def node_of(self, job_id: str, instance: str) -> str | None:
+        """The node whose agent runs this instance now."""
+        for name, agent in self.agents.items():
+            if (job_id, instance) in agent.service.running:
+                return name
+        return None
 
     def errors(self) -> list:
         return [(s.name, e) for s in self.services() for e in s.errors]

@@ -122,7 +122,8 @@ def test_an_engine_error_fails_the_job_with_that_reason_and_keeps_the_event(tmp_
         def decision(self, decision): pass
         def info(self, text): pass
 
-    monkeypatch.setattr(embedded, "step", broken_step)
+    from trainwarden.supervision import intake
+    monkeypatch.setattr(intake, "step", broken_step)
     job = from_command([sys.executable, "-c", "raise SystemExit(3)"], 1, "", job_id)
     store = tmp_path / "store"
     result = embedded.EmbeddedRun(job, load_rules(), open_writer(store), Quiet()).run()

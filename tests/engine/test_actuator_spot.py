@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from trainwarden.actuator import Actuator
+from trainwarden.runtime.base import Capability
 from trainwarden.store.records import FaultRecord, SpotTransition
 from tests.engine.test_spot import SpotJob, offer
 
 
 class FakeRuntime:
     instance_names = ["worker-0", "worker-1"]
+    capabilities = frozenset({Capability.RESTART_JOB, Capability.PREEMPT})
 
     def __init__(self):
         self.calls = []
@@ -17,10 +19,10 @@ class FakeRuntime:
         self.calls.append(("start", name, round_, start))
         return 1
 
-    def stop(self, names):
+    def stop(self, names, snapshot=""):
         self.calls.append(("stop", tuple(names)))
 
-    def stop_all(self):
+    def stop_all(self, snapshot=""):
         self.calls.append(("stop_all",))
 
     def preempt(self, notice_s):

@@ -3,7 +3,7 @@
 import pytest
 
 from trainwarden.bus.messages import Heartbeat
-from trainwarden.services.nodes import Cluster, NoCapacity, NodeStatus
+from trainwarden.runtime.nodes import Cluster, NoCapacity, NodeStatus
 
 
 def _beat(node, t, slots=2, leaving=False):

@@ -8,6 +8,7 @@ from typing import Optional
 import msgspec
 
 from trainwarden.events import Decision, InstanceSpec, JobSpec, Stream
+from trainwarden.store.records import DeadLetter, DiagnosisRecord
 
 
 class Line(msgspec.Struct, frozen=True, array_like=True):
@@ -151,3 +152,13 @@ class DeadLetterMessage(msgspec.Struct, frozen=True, tag="dead_letter"):
     key: str
     error: str
     value: str  # the raw value, decoded with replacement and bounded
+
+
+class Recorded(msgspec.Struct, frozen=True, tag="recorded"):
+    """History rows the processor's intake derived (a C4D finding, trusted or
+    printed by the job; a dead letter when the engine raised), on the
+    decisions topic for the actuator, which owns the history, to write."""
+
+    job_id: str
+    diagnoses: tuple[DiagnosisRecord, ...] = ()
+    dead_letters: tuple[DeadLetter, ...] = ()

@@ -4,13 +4,14 @@ submit, nodes. Parsing and printing only; the work is in trainwarden.services.""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import signal
 import socket
 import threading
 import time
 from pathlib import Path
+
+from rich.markup import escape
 
 from trainwarden.bus import ACTUATOR_STATE, NODES, BusError, open_bus, topic_specs
 from trainwarden.bus.base import read_to_end
@@ -24,7 +25,6 @@ from trainwarden.rules.loader import load_rules
 from trainwarden.runtime.clock import now as clock_now
 from trainwarden.store import default_store_dir, open_writer
 
-HEALTH_EVERY_S = 30.0
 COMMANDS = frozenset({"kafka", "agent", "processor", "actuator", "notifier", "submit", "nodes"})
 TAKES_COMMAND = frozenset({"submit"})
 
@@ -163,6 +163,8 @@ def _notifier(args: argparse.Namespace, bus) -> int:
 
 
 def run_service(service, label: str) -> int:
+    from trainwarden.services.loop import serve
+
     stopping = threading.Event()
 
     def request_stop(signum, frame):
@@ -170,33 +172,16 @@ def run_service(service, label: str) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, request_stop)
+    styles = {"info": "", "warning": "yellow", "error": "red", "health": "dim"}
+
+    def say(level: str, text: str) -> None:
+        style = styles.get(level, "")
+        line = f"trainwarden ▸ {label}: {text}"
+        err_console.print(f"[{style}]{escape(line)}[/]" if style else line, highlight=False, markup=bool(style))
+
     err_console.print(f"trainwarden ▸ {label}: running", highlight=False)
-    next_health = time.monotonic() + HEALTH_EVERY_S
-    bus_down = ""
-    errors = 0
-    while not stopping.is_set():
-        try:
-            service.run_once()
-            if bus_down:
-                err_console.print(f"trainwarden ▸ {label}: the bus is back")
-                bus_down = ""
-        except BusError as exc:
-            if bus_down != str(exc):
-                err_console.print(f"[yellow]trainwarden ▸ {label}: {exc} (retrying)[/]")
-                bus_down = str(exc)
-            time.sleep(1.0)
-        except Exception as exc:  # noqa: BLE001 - a service must outlive one bad iteration
-            errors += 1
-            err_console.print(f"[red]trainwarden ▸ {label}: internal error {exc!r} (error {errors}; continuing)[/]")
-            if os.environ.get("TRAINWARDEN_DEBUG"):
-                raise
-            time.sleep(min(30.0, 0.5 * errors))
-        if time.monotonic() >= next_health:
-            counters = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(service.counters).items())
-            err_console.print(f"[dim]trainwarden ▸ {label}: healthy; {counters}[/]", highlight=False)
-            next_health = time.monotonic() + HEALTH_EVERY_S
-    err_console.print(f"trainwarden ▸ {label}: stopping")
-    service.close()
+    serve(service, stopping.is_set, say)
+    err_console.print(f"trainwarden ▸ {label}: stopped")
     return 0
 
 

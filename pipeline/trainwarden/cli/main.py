@@ -119,6 +119,7 @@ COMMAND_MODULES = (
     "trainwarden.cli.report_cmd",
     "trainwarden.cli.notify_cmd",
     "trainwarden.cli.spot_cmd",
+    "trainwarden.cli.runtimes_cmd",
 )
 
 

@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
                        ("escaped_processes_killed", "escaped child processes killed")):
         if result.counters.get(key):
             extra += f", {result.counters[key]} {label}"
-    err_console.print(f"[{colour}]trainwarden ▸ job {result.job_id} {result.status}[/]"
+    err_console.print(f"[{colour}]trainwarden ▸ job {result.job_id} {result.status.value}[/]"
                       + (f" ({result.reason})" if result.reason else "")
                       + f"; {result.rounds} job restarts{extra}. "
                       + f"History: trainwarden history --job {result.job_id}"

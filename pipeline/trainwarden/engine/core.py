@@ -242,5 +242,22 @@ _HANDLERS = {
 }
 
 
+def fail_for_engine_error(state: JobState, error: str, now: float) -> tuple[JobState, Decision]:
+    """The state can no longer be trusted after ``step`` raised: fail the
+    job, saying why, rather than leave it unsupervised."""
+    decision = make_decision(state, DecisionKind.FAIL_JOB, Reason.ENGINE_ERROR, "engine_error", now,
+                             fault_key=("engine_error",), message=f"engine error: {error}")
+    apply(state, decision)
+    return state, decision
+
+
+def replay_decision(state: JobState, decision: Decision) -> JobState:
+    """Re-apply a decision taken earlier and recorded (a processor's replay of
+    timer decisions): the state moves on as when it was first taken."""
+    if not state.finished:
+        apply(state, decision)
+    return state
+
+
 def outcome(state: JobState) -> Optional[JobStatus]:
     return state.status if state.finished else None

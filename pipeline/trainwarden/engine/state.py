@@ -32,6 +32,8 @@ class JobStatus(str, enum.Enum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    # Stopped by the operator (an interrupt of ``run``): the host's verdict, never the engine's.
+    CANCELLED = "cancelled"
 
 
 @dataclasses.dataclass(slots=True)

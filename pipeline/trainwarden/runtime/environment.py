@@ -8,7 +8,8 @@ import socket
 from pathlib import Path
 from typing import Mapping
 
-from trainwarden.events import InstanceSpec
+from trainwarden.events import InstanceSpec, JobSpec, RoleSpec
+from trainwarden.settings import JobSettings
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -19,7 +20,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def instance_env(*, base: Mapping[str, str], job_id: str, spec: InstanceSpec, world_size: int,
                  round_: int, start: int, max_restarts: int, master_addr: str, master_port: int,
-                 control_address: str, token: str, sdk_path: str, extra: Mapping[str, str]) -> dict[str, str]:
+                 control_address: str, token: str, sdk_path: str, extra: Mapping[str, str],
+                 node: str) -> dict[str, str]:
     env = dict(base)
     env.update(extra)
     env.update({
@@ -39,8 +41,12 @@ def instance_env(*, base: Mapping[str, str], job_id: str, spec: InstanceSpec, wo
         "TRAINWARDEN_JOB_ID": job_id,
         "TRAINWARDEN_INSTANCE": spec.name,
         "TRAINWARDEN_ROLE": spec.role,
+        "TRAINWARDEN_NODE": node,
         "TRAINWARDEN_RESTART_ROUND": str(round_),
         "TRAINWARDEN_INSTANCE_RESTARTS": str(start),
+        # Any incarnation after the first (restart, re-queued spot job) is a
+        # resume: the job should load its latest checkpoint.
+        "TRAINWARDEN_RESUME": "1" if round_ > 0 or start > 0 else "0",
         "TRAINWARDEN_CONTROL": control_address,
         "TRAINWARDEN_TOKEN": token,
         # Without this Python buffers stdout in a pipe and a busy job looks silent.
@@ -49,6 +55,19 @@ def instance_env(*, base: Mapping[str, str], job_id: str, spec: InstanceSpec, wo
     if sdk_path:
         existing = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = sdk_path + (os.pathsep + existing if existing else "")
+    return env
+
+
+def job_env(spec: JobSpec, role: RoleSpec, settings: JobSettings) -> dict[str, str]:
+    """What the job asks for, on every runtime: its own and its role's
+    variables, the checkpoint directory, C4D's thresholds."""
+    env = dict(spec.env)
+    env.update(dict(role.env))
+    if spec.checkpoint_dir:
+        env["TRAINWARDEN_CHECKPOINT_DIR"] = spec.checkpoint_dir
+    if settings.enable_c4d_hang_detection:
+        # C4D reads its thresholds from the environment of the processes it watches.
+        env.update(settings.c4d_env())
     return env
 
 

@@ -11,23 +11,36 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
+from trainwarden.diagnose.collect import DEFAULT_TIMEOUT_S, DEFAULT_TOOLS, dump_instances
 from trainwarden.events import Event
-from trainwarden.jobspec import JobDefinition, merged_env
+from trainwarden.jobspec import JobDefinition
+from trainwarden.runtime.base import Capability
 from trainwarden.runtime.control import ControlServer, Incarnation
-from trainwarden.runtime.environment import free_port, instance_env, sdk_import_dir
+from trainwarden.runtime.environment import free_port, instance_env, job_env, sdk_import_dir
 from trainwarden.runtime.local import LocalRuntime
 
 MASTER_ADDR = "127.0.0.1"
 
 
 class LocalJobRunner:
+    """The ``local`` runtime: processes on this machine."""
+
+    capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.STACK_DUMP,
+                              Capability.PREEMPT})
+
     def __init__(self, job: JobDefinition, sink: Callable[[Event], None], control: ControlServer, node: str,
-                 run_dir: Path | None = None, line_sink: Callable[[Event, float], bool] | None = None):
+                 run_dir: Path | None = None, line_sink: Callable[[Event, float], bool] | None = None,
+                 reports=None, stack_tools: Sequence[str] = DEFAULT_TOOLS,
+                 stack_timeout_s: float = DEFAULT_TIMEOUT_S):
         self.job = job
+        self.reports = reports  # the job's StackReports: where a hang's dumps go
+        self.stack_tools = tuple(stack_tools)
+        self.stack_timeout_s = stack_timeout_s
         self.control = control
         self.node = node
         self.runtime = LocalRuntime(job.job_id, sink, node, line_sink=line_sink)
         self._specs = {spec.name: spec for spec in job.instances()}
+        self._job_spec = job.spec()
         self._run_dir = Path(run_dir or tempfile.mkdtemp(prefix=f"trainwarden-{job.job_id}-"))
         self._sdk_path = sdk_import_dir(self._run_dir)
         self._tokens: dict[str, str] = {}
@@ -47,9 +60,9 @@ class LocalJobRunner:
             self._ports[round_] = free_port(MASTER_ADDR)
         return self._ports[round_]
 
-    def start(self, name: str, round_: int, start: int) -> int:
+    def start(self, name: str, round_: int, start: int) -> None:
         spec = self._specs[name]
-        role = self.job.role(spec.role)
+        role = self._job_spec.role(spec.role)
         old = self._tokens.pop(name, None)
         if old:
             self.control.revoke(old)
@@ -60,22 +73,9 @@ class LocalJobRunner:
             round_=round_, start=start, max_restarts=self.job.settings.max_num_of_job_restart,
             master_addr=MASTER_ADDR, master_port=self.master_port(round_),
             control_address=self.control.address, token=token, sdk_path=self._sdk_path,
-            extra=self._extra_env(role, round_, start),
+            extra=job_env(self._job_spec, role, self.job.settings), node=self.node,
         )
-        return self.runtime.start(name, role.command, env, self.job.workdir, round_, start)
-
-    def _extra_env(self, role, round_: int, start: int) -> dict:
-        env = dict(merged_env(self.job, role))
-        # Any incarnation after the first (restart, re-queued spot job) is a
-        # resume: the job should load its latest checkpoint.
-        env["TRAINWARDEN_RESUME"] = "1" if round_ > 0 or start > 0 else "0"
-        if self.job.checkpoint_dir:
-            env["TRAINWARDEN_CHECKPOINT_DIR"] = self.job.checkpoint_dir
-        settings = self.job.settings
-        if settings.enable_c4d_hang_detection:
-            # C4D reads its thresholds from the environment of the processes it watches.
-            env.update(settings.c4d_env())
-        return env
+        self.runtime.start(name, role.command, env, self.job.workdir, round_, start)
 
     def _mark_stopping(self, names: Sequence[str]) -> None:
         for name in names:
@@ -83,13 +83,31 @@ class LocalJobRunner:
             if token:
                 self.control.mark_stopping(token)
 
-    def stop(self, names: Sequence[str]) -> None:
+    def stop(self, names: Sequence[str], snapshot: str = "") -> None:
         self._mark_stopping(names)
+        self._dump(names, snapshot)
         self.runtime.stop(names, self.job.stop_grace_s)
 
-    def stop_all(self) -> None:
+    def stop_all(self, snapshot: str = "") -> None:
         self._mark_stopping(list(self._tokens))
+        self._dump(list(self._tokens), snapshot)
         self.runtime.stop_all(self.job.stop_grace_s)
+
+    def _dump(self, names: Sequence[str], snapshot: str) -> None:
+        """The stacks of a hung job, taken before the stop ends it."""
+        if not snapshot or self.reports is None:
+            return
+        self.reports.expect(snapshot, self.job.job_id, self.node)
+        tokens = {name: token for name, token in self._tokens.items() if name in names}
+        try:
+            dumps, missing = dump_instances(tokens, self.stack_tools, self.stack_timeout_s) \
+                if self.stack_tools else ([], ["no stack tool is configured"])
+        except Exception as exc:  # noqa: BLE001 - a failed diagnosis must not stop the restart
+            dumps, missing = [], [f"{self.node}: stack dump failed: {exc!r}"]
+        self.reports.hand_in(self.node, self.job.job_id, snapshot, dumps, missing)
+
+    def isolate_node(self, node: str, reason: str) -> None:
+        raise NotImplementedError("one machine has no other node to move to")  # not in capabilities
 
     def preempt(self, notice_s: float) -> None:
         """The market took the instances back: without notice they die at

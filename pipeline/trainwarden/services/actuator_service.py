@@ -14,39 +14,41 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import time
 from typing import Callable, Sequence
 
-from trainwarden.actuator import Actuator
 from trainwarden.bus import (
     ACTUATOR_STATE,
     COMMANDS,
     DEAD_LETTERS,
     DECISIONS,
     EVENTS,
+    LOGS,
     NODES,
     PREFIX,
     Bus,
-    BusError,
     Message,
 )
 from trainwarden.bus.base import read_to_end
 from trainwarden.bus.messages import (
     ActionDone,
+    DeadLetterMessage,
     Heartbeat,
     NodeState,
+    Recorded,
     StackDumps,
-    StartInstance,
     StopInstances,
 )
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
-from trainwarden.events import Decision, DecisionKind, ErrorSource, InstanceSpec, JobSpec, NodeLost
+from trainwarden.engine import JobStatus
+from trainwarden.events import Decision, DecisionKind, InstanceSpec, JobSpec, NodeLost
+from trainwarden.runtime.agents import AgentsRuntime, UnplacedRuntime
 from trainwarden.runtime.clock import now as clock_now
-from trainwarden.services.nodes import Cluster, NoCapacity, NodeStatus, master_port
-from trainwarden.services.stack_reports import StackReports
+from trainwarden.runtime.nodes import Cluster, NodeStatus
 from trainwarden.settings import JobSettings, SettingsError, parse_args_string
 from trainwarden.store.base import StoreError
-from trainwarden.store.records import JobRecord, NodeEventRecord
+from trainwarden.store.records import DeadLetter, NodeEventRecord
+from trainwarden.supervision.acting import FINAL, JobFacts, Supervisor
+from trainwarden.supervision.stack_reports import StackReports
 
 GROUP = f"{PREFIX}-actuator"
 NODE_TIMEOUT_S = 10.0
@@ -68,95 +70,6 @@ class ActuatorCounters:
     history_errors: int = 0
 
 
-class RemoteJobRuntime:
-    """One job's instances on the cluster, as the Actuator sees a runtime."""
-
-    def __init__(self, service: "ActuatorService", job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec],
-                 settings: JobSettings, args: str = "", framework: str = ""):
-        self.service = service
-        self.job_id = job_id
-        self.args = args
-        self.framework = framework
-        self.spec = spec
-        self.specs = {i.name: i for i in instances}
-        self.settings = settings
-        self.instance_names = list(self.specs)
-        self.incarnation: dict[str, tuple[int, int]] = {}
-        self.waiting: list[tuple[str, int, int]] = []  # starts waiting for a free slot
-        self.snapshot_report = ""  # set while a hang's restart stops the instances
-
-    def start(self, name: str, round_: int, start: int) -> int:
-        self.incarnation[name] = (round_, start)
-        try:
-            self._send_start(name, round_, start)
-        except NoCapacity:
-            self.service.counters.waiting_for_capacity += 1
-            self.waiting.append((name, round_, start))
-        return 0
-
-    def retry_waiting(self) -> None:
-        waiting, self.waiting = self.waiting, []
-        for name, round_, start in waiting:
-            if self.incarnation.get(name) == (round_, start):
-                self.start(name, round_, start)
-
-    def _send_start(self, name: str, round_: int, start: int) -> None:
-        cluster = self.service.cluster
-        node = cluster.place(self.job_id, name, self.service.clock())
-        rank0 = min(self.specs.values(), key=lambda s: s.rank).name
-        master_node = cluster.placement.get(self.job_id, {}).get(rank0, node.name)
-        role = next(r for r in self.spec.roles if r.name == self.specs[name].role)
-        env = dict(self.spec.env)
-        env.update(dict(role.env))
-        if self.settings.enable_c4d_hang_detection:
-            env.update(self.settings.c4d_env())
-        self.service.send_command(StartInstance(
-            node=node.name, job_id=self.job_id, action_id=f"{self.job_id}/{name}/{round_}/{start}",
-            instance=self.specs[name], round=round_, start=start, world_size=len(self.specs),
-            master_addr=cluster.nodes[master_node].address if master_node in cluster.nodes else node.address,
-            master_port=master_port(self.job_id, round_), command=role.command, env=tuple(sorted(env.items())),
-            workdir=self.spec.workdir, max_restarts=self.settings.max_num_of_job_restart))
-
-    def stop(self, names: Sequence[str]) -> None:
-        self.waiting = [w for w in self.waiting if w[0] not in names]
-        for node, instances in self.service.cluster.release(self.job_id, list(names)).items():
-            targets = tuple((name, *self.incarnation[name]) for name in instances if name in self.incarnation)
-            self.service.send_command(StopInstances(node=node, job_id=self.job_id, action_id="stop",
-                                                    instances=tuple(instances), grace_s=self.spec.stop_grace_s,
-                                                    incarnations=targets, snapshot_report=self.snapshot_report))
-            if self.snapshot_report:
-                self.service.reports.expect(self.snapshot_report, self.job_id, node)
-
-    def stop_all(self) -> None:
-        self.stop(self.instance_names)
-
-    def isolate_node(self, node: str, reason: str) -> bool:
-        self.service.isolate(node, True, reason)
-        return True
-
-
-class _Unplaced:
-    """The runtime of a job this actuator has no placement for."""
-
-    instance_names: list = []
-
-    def __init__(self, service: "ActuatorService"):
-        self.service = service
-
-    def start(self, name: str, round_: int, start: int) -> int:
-        return 0
-
-    def stop(self, names: Sequence[str]) -> None:
-        pass
-
-    def stop_all(self) -> None:
-        pass
-
-    def isolate_node(self, node: str, reason: str) -> bool:
-        self.service.isolate(node, True, reason)
-        return True
-
-
 class ActuatorService:
     def __init__(self, bus: Bus, history, node_timeout_s: float = NODE_TIMEOUT_S,
                  clock: Callable[[], float] = clock_now, group: str = GROUP):
@@ -166,14 +79,15 @@ class ActuatorService:
         self.cluster = Cluster(node_timeout_s)
         self.reports = StackReports(history, clock, announce=self._announce_report)
         self.executed: set[str] = set()
-        self.jobs: dict[str, tuple[RemoteJobRuntime, Actuator]] = {}
-        self._submitted: dict[str, float] = {}
+        self.jobs: dict[str, Supervisor] = {}
         self.producer = bus.producer()
         self.state_reader = bus.consumer([ACTUATOR_STATE], None, from_beginning=True)
         self._load_state()
         self.heartbeats = bus.consumer([NODES], None, from_beginning=False)
         self.assigned: list = []
         self.decisions = bus.consumer([DECISIONS], group, from_beginning=True, on_assign=self._on_assign)
+        # Every service's dead letters end in the history, which this service owns.
+        self.letters = bus.consumer([DEAD_LETTERS], f"{group}-dead-letters", from_beginning=True)
         self.started_at = clock()
         self.probe_id = f"{id(self):x}-{clock()}"
         self._probe_sent = 0.0
@@ -200,7 +114,7 @@ class ActuatorService:
         if isinstance(message, ActionDone):
             self.executed.add(message.action_id)
             if message.kind == DecisionKind.START_JOB.value and message.spec is not None:
-                self._job(message.job_id, message.spec, message.instances, message.settings_args)
+                self._job(message.job_id, message.spec, message.instances, message.settings_args, message.time)
             if message.kind in (DecisionKind.FAIL_JOB.value, DecisionKind.COMPLETE_JOB.value):
                 self.jobs.pop(message.job_id, None)
                 self.cluster.placement.pop(message.job_id, None)
@@ -211,25 +125,29 @@ class ActuatorService:
                 self.cluster.set_isolated(message.node, message.state == NodeStatus.ISOLATED.value, message.reason)
             self._record_node_event(message)
 
-    def _job(self, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec], args: str):
+    def _job(self, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec], args: str,
+             submitted_at: float) -> Supervisor:
         if job_id not in self.jobs:
             try:
                 settings = parse_args_string(args)
             except SettingsError:
                 settings = JobSettings()
-            runtime = RemoteJobRuntime(self, job_id, spec, instances, settings, args)
-            self.jobs[job_id] = (runtime, Actuator(runtime, self.history, "", clock=self.clock,
-                                                   executed=self.executed))
+            runtime = AgentsRuntime(self, job_id, spec, instances, settings)
+            facts = JobFacts(job_id=job_id, submitted_at=submitted_at, framework="", args=args,
+                             instances=len(instances), node_name="")
+            self.jobs[job_id] = Supervisor(runtime, self.history, self.reports, facts, node="", clock=self.clock,
+                                           executed=self.executed)
         return self.jobs[job_id]
 
-    # ------------------------------------------------------------ the loop
+    # ------------------------------------------------- what runtimes ask (ClusterPort)
 
-    def run(self, stop: Callable[[], bool]) -> None:
-        while not stop():
-            try:
-                self.run_once()
-            except BusError:
-                time.sleep(0.5)
+    def expect_dumps(self, report_id: str, job_id: str, node: str) -> None:
+        self.reports.expect(report_id, job_id, node)
+
+    def no_capacity(self) -> None:
+        self.counters.waiting_for_capacity += 1
+
+    # ------------------------------------------------------------ the loop
 
     def run_once(self, timeout_s: float = 0.1) -> None:
         now = self.clock()
@@ -243,8 +161,11 @@ class ActuatorService:
             self._heartbeat(record)
         self._expire_nodes()
         self.reports.flush_due(self.clock())
-        for runtime, _ in list(self.jobs.values()):
-            runtime.retry_waiting()
+        for supervisor in list(self.jobs.values()):
+            supervisor.runtime.retry_waiting()
+        letters = self.letters.poll(0.0, max_records=500)
+        if letters:
+            self._dead_letters(letters)
         records = self.decisions.poll(timeout_s, max_records=200)
         for record in records:
             self._decision(record)
@@ -254,7 +175,7 @@ class ActuatorService:
 
     def close(self) -> None:
         self.producer.flush(5)
-        for consumer in (self.decisions, self.heartbeats, self.state_reader):
+        for consumer in (self.decisions, self.letters, self.heartbeats, self.state_reader):
             consumer.close()
         self.producer.close()
 
@@ -262,10 +183,14 @@ class ActuatorService:
 
     def _decision(self, record: Message) -> None:
         try:
-            decision: Decision = decode(DECISIONS, record.value)
+            message = decode(DECISIONS, record.value)
         except DecodeError as exc:
             self._dead_letter(record, str(exc))
             return
+        if isinstance(message, Recorded):
+            self._write([*message.diagnoses, *message.dead_letters])
+            return
+        decision: Decision = message
         self.counters.decisions += 1
         if decision.action_id in self.executed:
             self.counters.duplicates += 1
@@ -274,51 +199,57 @@ class ActuatorService:
             if decision.spec is None:
                 self._dead_letter(record, "start_job without a job spec")
                 return
-            self._job(decision.job_id, decision.spec, decision.instances, decision.args)
-            self._write_job(decision, "running")
-        entry = self.jobs.get(decision.job_id)
-        hung = decision.error_source in (ErrorSource.HANG, ErrorSource.EXIT_HANG) and decision.kind in (
-            DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB)
-        if entry is not None and hung:
-            # The agents dump the stacks before they stop the instances.
-            entry[0].snapshot_report = decision.action_id
-            self.reports.start(decision)
-        if entry is None:
+            self._job(decision.job_id, decision.spec, decision.instances, decision.args,
+                      decision.detected_at).write_job(JobStatus.RUNNING)
+        supervisor = self.jobs.get(decision.job_id)
+        if supervisor is None:
             # A job this actuator never started: nothing to stop or start
             # here, but the decision is still recorded (and isolation done).
-            Actuator(_Unplaced(self), self.history, "", clock=self.clock, executed=self.executed).execute(decision)
+            facts = JobFacts(job_id=decision.job_id, submitted_at=decision.detected_at, framework="",
+                             args=decision.args, instances=0, node_name="")
+            Supervisor(UnplacedRuntime(self), self.history, self.reports, facts, node="", clock=self.clock,
+                       executed=self.executed).act(decision)
         else:
-            try:
-                entry[1].execute(decision)
-            finally:
-                entry[0].snapshot_report = ""
-        if decision.kind in (DecisionKind.FAIL_JOB, DecisionKind.COMPLETE_JOB):
-            self._write_job(decision, "failed" if decision.kind is DecisionKind.FAIL_JOB else "succeeded")
-            if entry is not None:
-                entry[1].finish()
+            supervisor.act(decision)
+            if decision.kind in FINAL:
+                supervisor.finish()
+                supervisor.runtime.finish()
         self._done(decision)
 
     def _done(self, decision: Decision) -> None:
-        entry = self.jobs.get(decision.job_id)
         spec = decision.spec if decision.kind is DecisionKind.START_JOB else None
         self.producer.send(ACTUATOR_STATE, f"action:{decision.action_id}", encode(ActionDone(
             action_id=decision.action_id, job_id=decision.job_id, time=self.clock(), kind=decision.kind.value,
             spec=spec, instances=decision.instances if spec else (), settings_args=decision.args if spec else "")))
-        if decision.kind in (DecisionKind.FAIL_JOB, DecisionKind.COMPLETE_JOB) and entry is not None:
+        if decision.kind in FINAL:
             self.jobs.pop(decision.job_id, None)
 
-    def _write_job(self, decision: Decision, status: str) -> None:
-        entry = self.jobs.get(decision.job_id)
-        runtime = entry[0] if entry else None
-        now = self.clock()
-        if status == "running":
-            self._submitted[decision.job_id] = decision.detected_at
-        self.history.write([JobRecord(
-            job_id=decision.job_id, submitted_at=self._submitted.get(decision.job_id, decision.detected_at),
-            finished_at=0.0 if status == "running" else now, status=status,
-            reason="" if status == "running" else decision.reason.value, framework=runtime.framework if runtime else "",
-            args=runtime.args if runtime else decision.args, instances=len(runtime.instance_names) if runtime else 0,
-            rounds=decision.round, node_name="", updated_at=now)])
+    def _dead_letters(self, records: list[Message]) -> None:
+        rows = []
+        for record in records:
+            try:
+                letter: DeadLetterMessage = decode(DEAD_LETTERS, record.value)
+            except DecodeError as exc:
+                # Not even a dead letter: kept as one, as it came.
+                rows.append(DeadLetter(time=self.clock(), source="bus/" + record.topic, job_id="",
+                                       error=str(exc)[:2000],
+                                       payload=(record.value or b"")[:16000].decode("utf-8", errors="replace")))
+                continue
+            rows.append(DeadLetter(time=letter.time, source=f"{letter.service}/{letter.topic}",
+                                   job_id=letter.key if letter.topic in (EVENTS, LOGS, DECISIONS) else "",
+                                   error=letter.error, payload=letter.value))
+        if self._write(rows):
+            self.letters.commit()
+
+    def _write(self, rows: list) -> bool:
+        if not rows:
+            return True
+        try:
+            self.history.write(rows)
+            return True
+        except StoreError:
+            self.counters.history_errors += 1
+            return False
 
     # -------------------------------------------------------------- nodes
 
@@ -346,14 +277,14 @@ class ActuatorService:
         """Mark restarted instances running; stop what should not run there."""
         for item in beat.running:
             entry = self.jobs.get(item.job_id)
-            expected = entry[0].incarnation.get(item.instance) if entry else None
+            expected = entry.runtime.incarnation.get(item.instance) if entry else None
             if entry is not None and expected is None:
                 # A restarted actuator learns where its jobs run from the agents.
-                entry[0].incarnation[item.instance] = expected = (item.round, item.start)
+                entry.runtime.incarnation[item.instance] = expected = (item.round, item.start)
                 self.cluster.placement.setdefault(item.job_id, {})[item.instance] = beat.node
             placed = self.cluster.placement.get(item.job_id, {}).get(item.instance)
             if expected == (item.round, item.start) and placed == beat.node:
-                entry[1].mark_running(item.instance, item.round, item.start, beat.time)
+                entry.mark_running(item.instance, item.round, item.start, beat.time)
                 continue
             self.send_command(StopInstances(node=beat.node, job_id=item.job_id, action_id="reconcile",
                                             instances=(item.instance,), grace_s=5.0,
@@ -403,7 +334,7 @@ class ActuatorService:
 
     # ------------------------------------------------------------- output
 
-    def _announce_report(self, ready) -> None:
+    def _announce_report(self, ready, report=None) -> None:
         self.producer.send(ACTUATOR_STATE, f"report:{ready.report_id}", encode(ready))
 
     def send_command(self, command) -> None:

@@ -86,11 +86,15 @@ class Agent:
         self.clock = clock
         self.counters = AgentCounters()
         self.inbox = Inbox()
-        self.control = ControlServer(deliver=self.inbox.put, on_refused=lambda reason, raw: None,
-                                     host="127.0.0.1")
+        self.control = ControlServer(deliver=self.inbox.put, host="127.0.0.1",
+                                     on_refused=lambda reason, raw: self.inbox.put(("refused", reason, raw)))
         self.sdk_path = sdk_import_dir(self.log_dir / ".sdk")
         self.runtimes: dict[str, LocalRuntime] = {}
         self.running: dict[tuple[str, str], _Running] = {}
+        # Incarnations being stopped while a newer one of the same instance
+        # starts: what they print until they exit still ships (--follow, the
+        # files, the exit's tail). Keyed by (job, instance, round, start).
+        self.retiring: dict[tuple[str, str, int, int], _Running] = {}
         self.producer = bus.producer()
         self.consumer = bus.consumer([COMMANDS], f"{PREFIX}-agent-{node}", from_beginning=False)
         self._next_batch = self._next_report = 0.0
@@ -196,9 +200,7 @@ class Agent:
             runtime = self.runtimes[command.job_id] = LocalRuntime(
                 command.job_id, self.inbox.put, self.node, line_sink=self.inbox.offer_line)
         if current is not None:
-            for handle in current.files.values():
-                handle.close()
-            self.control.revoke(current.token)
+            self.retiring[(current.job_id, current.instance, current.round, current.start)] = current
         token = self.control.issue_token(Incarnation(command.job_id, command.instance.name, command.round,
                                                      command.start))
         env = instance_env(
@@ -206,8 +208,8 @@ class Agent:
             round_=command.round, start=command.start, max_restarts=command.max_restarts,
             master_addr=command.master_addr, master_port=command.master_port,
             control_address=self.control.address, token=token, sdk_path=self.sdk_path, extra=dict(command.env),
+            node=self.node,
         )
-        env["TRAINWARDEN_NODE"] = self.node
         self.running[key] = _Running(command.job_id, command.instance.name, command.round, command.start,
                                      token=token, last_output=self.clock())
         self.counters.starts += 1
@@ -291,9 +293,16 @@ class Agent:
         if isinstance(item, tuple) and item[0] == "c4d":
             self._diagnosis(item[1])
             return
+        if isinstance(item, tuple) and item[0] == "refused":
+            self._refused(item[1], item[2])
+            return
         running = self.running.get((item.job_id, item.instance))
+        retiring = False
         if running is None or (running.round, running.start) != (item.round, item.start):
-            return  # a stopped incarnation's last words: the engine would ignore them anyway
+            running = self.retiring.get((item.job_id, item.instance, item.round, item.start))
+            retiring = True
+            if running is None:
+                return  # an incarnation this agent no longer knows
         if isinstance(item, LogLine):
             self.counters.lines += 1
             running.last_output = item.time
@@ -309,11 +318,21 @@ class Agent:
             self._ship(running)
             for handle in running.files.values():
                 handle.close()
-            del self.running[(item.job_id, item.instance)]
+            if retiring:
+                del self.retiring[(item.job_id, item.instance, item.round, item.start)]
+            else:
+                del self.running[(item.job_id, item.instance)]
             self.control.revoke(running.token)
             exited = InstanceExited(job_id=item.job_id, time=item.time, instance=item.instance, round=item.round,
                                     start=item.start, exit_code=item.exit_code, tail=tuple(running.tail))
             self.producer.send(EVENTS, item.job_id, encode(exited))
+
+    def _refused(self, reason: str, raw: bytes) -> None:
+        """An SDK request the control endpoint refused: a dead letter, for the history."""
+        self.counters.dead_letters += 1
+        self.producer.send(DEAD_LETTERS, f"agent-{self.node}", encode(DeadLetterMessage(
+            time=self.clock(), service=f"agent-{self.node}", topic="sdk", partition=-1, offset=-1,
+            key=self.node, error=reason[:2000], value=raw[:16384].decode("utf-8", errors="replace"))))
 
     def _c4d_line(self, line: str) -> None:
         """From the follower's thread: hand the finding to the main loop."""
@@ -378,7 +397,7 @@ class Agent:
             handle.flush()
 
     def _ship_batches(self) -> None:
-        for running in list(self.running.values()):
+        for running in [*self.running.values(), *self.retiring.values()]:
             self._ship(running)
 
     def _report(self, now: float) -> None:

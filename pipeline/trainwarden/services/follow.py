@@ -8,18 +8,14 @@ from typing import Callable, Optional
 from trainwarden.bus import DECISIONS, EVENTS, LOGS, Bus
 from trainwarden.bus.messages import LogBatch, WireLogLine
 from trainwarden.bus.serde import DecodeError, decode, encode
-from trainwarden.events import Decision, DecisionKind, JobSpec, JobSubmitted, LogLine, RoleSpec
+from trainwarden.events import Decision, DecisionKind, JobSubmitted, LogLine
 from trainwarden.jobspec import JobDefinition
 from trainwarden.runtime.clock import now as clock_now
 
 
 def job_submitted(job: JobDefinition) -> JobSubmitted:
-    spec = JobSpec(
-        roles=tuple(RoleSpec(r.name, r.count, r.command, r.env) for r in job.roles),
-        workdir=job.workdir or "", env=job.env, stop_grace_s=job.stop_grace_s,
-    )
     return JobSubmitted(job_id=job.job_id, time=clock_now(), framework=job.framework, args=job.args,
-                        instances=job.instances(), spec=spec, activity_reports=True)
+                        instances=job.instances(), spec=job.spec(), activity_reports=True)
 
 
 def submit(bus: Bus, job: JobDefinition) -> None:
@@ -58,6 +54,8 @@ class Follower:
                 except DecodeError:
                     continue
                 if record.topic == DECISIONS:
+                    if not isinstance(message, Decision):
+                        continue  # the processor's history rows, for the actuator
                     on_decision(message)
                     if message.kind in (DecisionKind.COMPLETE_JOB, DecisionKind.FAIL_JOB):
                         self.outcome = message

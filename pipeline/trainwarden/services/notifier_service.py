@@ -24,7 +24,7 @@ from trainwarden.bus.serde import DecodeError, dead_letter, decode
 from trainwarden.events import Decision, DecisionKind, ErrorSource
 from trainwarden.notify.bridge import DecisionNotifications, report_summary
 from trainwarden.runtime.clock import now as clock_now
-from trainwarden.services.stack_reports import WAIT_S
+from trainwarden.supervision.stack_reports import WAIT_S
 
 GROUP = f"{PREFIX}-notifier"
 # The actuator writes the report at its own deadline at the latest; the rest is the bus.
@@ -106,6 +106,8 @@ class NotifierService:
         except DecodeError as exc:
             self._dead_letter(record, str(exc))
             return
+        if not isinstance(decision, Decision):
+            return  # the processor's history rows, for the actuator
         self.counters.decisions += 1
         now = self.clock()
         if decision.time < now - self.max_age_s:

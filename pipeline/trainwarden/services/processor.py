@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import time
 from typing import Callable, Optional
 
-from trainwarden.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, PREFIX, Bus, BusError, Message
-from trainwarden.bus.messages import DecisionRecord, LogBatch, WireLogLine
+from trainwarden.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, PREFIX, Bus, Message
+from trainwarden.bus.messages import DecisionRecord, LogBatch, Recorded, WireLogLine
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
-from trainwarden.engine import JobState, start_job, step
-from trainwarden.engine.decide import apply
+from trainwarden.engine import JobState, replay_decision, start_job
 from trainwarden.events import Decision, JobSubmitted, LogLine, Tick
+from trainwarden.store.records import DeadLetter
+from trainwarden.supervision.intake import Taken, take
 from trainwarden.rules.model import RulePack
 from trainwarden.runtime.clock import now as clock_now
 
@@ -39,6 +39,7 @@ class ProcessorCounters:
     log_lines: int = 0
     decisions: int = 0
     dead_letters: int = 0
+    engine_errors: int = 0
     replayed: int = 0
     republished: int = 0
     unknown_job: int = 0
@@ -71,13 +72,6 @@ class Processor:
         self._next_tick = clock() + tick_s
 
     # ------------------------------------------------------------ the loop
-
-    def run(self, stop: Callable[[], bool]) -> None:
-        while not stop():
-            try:
-                self.run_once()
-            except BusError:
-                time.sleep(0.5)  # the broker is away; the client reconnects by itself
 
     def run_once(self, timeout_s: Optional[float] = None) -> None:
         wait = self.tick_s if timeout_s is None else timeout_s
@@ -158,10 +152,26 @@ class Processor:
             if state is None:
                 self.counters.unknown_job += 1
                 return []
-            self.jobs[message.job_id], decisions = step(state, message, now)
+            taken = self._take(state, message, now, "", live)
+            decisions = taken.decisions
         if live:
             self._publish(decisions, record.partition)
         return decisions
+
+    def _take(self, state: JobState, event, now: float, node: str, live: bool) -> Taken:
+        """One guarded engine step; its records (diagnoses, an engine error's
+        dead letter) go to the actuator, which owns the history. A replay
+        derives them again: they were published the first time."""
+        taken = take(state, event, now, node=node)
+        self.jobs[state.job_id] = taken.state
+        if taken.engine_failed:
+            self.counters.engine_errors += 1
+        if live and taken.records:
+            self.producer.send(DECISIONS, state.job_id, encode(Recorded(
+                job_id=state.job_id,
+                diagnoses=tuple(r for r in taken.records if not isinstance(r, DeadLetter)),
+                dead_letters=tuple(r for r in taken.records if isinstance(r, DeadLetter)))))
+        return taken
 
     def _logs(self, record: Message) -> None:
         message = self._decode(record, LOGS)
@@ -180,9 +190,9 @@ class Processor:
             self.counters.log_lines += 1
             event = LogLine(job_id=message.job_id, time=when, instance=message.instance, round=message.round,
                             start=message.start, text=text, stream=stream)
-            state, decisions = step(state, event, self.clock())
-            self._publish(decisions, record.partition)
-        self.jobs[message.job_id] = state
+            taken = self._take(state, event, self.clock(), message.node, True)
+            state = taken.state
+            self._publish(taken.decisions, record.partition)
 
     def _tick(self) -> None:
         now = self.clock()
@@ -190,8 +200,7 @@ class Processor:
             partition = self.partition_of.get(job_id)
             if state.finished or partition in self.replays:
                 continue
-            self.jobs[job_id], decisions = step(state, Tick(job_id=job_id, time=now), now)
-            self._publish(decisions, partition)
+            self._publish(self._take(state, Tick(job_id=job_id, time=now), now, "", True).decisions, partition)
 
     # ---------------------------------------------------------------- replay
 
@@ -220,7 +229,7 @@ class Processor:
             for decision in timer_decisions.get(record.offset, ()):
                 state = self.jobs.get(decision.job_id)
                 if decision.action_id not in derived and state is not None and not state.finished:
-                    apply(state, decision)
+                    self.jobs[decision.job_id] = replay_decision(state, decision)
                     derived[decision.action_id] = decision
         lost = [d for action, d in derived.items() if action not in recorded]
         self.counters.republished += len(lost)

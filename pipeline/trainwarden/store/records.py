@@ -7,7 +7,18 @@ and DateTime64(3, 'UTC') in the tables.
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
+
+
+class FaultResult(str, enum.Enum):
+    """What became of a fault decision's action (``FaultRecord.result``)."""
+
+    PENDING = "pending"  # decided, not yet carried out
+    DONE = "done"
+    FAILED = "failed"  # the runtime raised while carrying it out
+    UNSUPPORTED = "unsupported"  # the job's runtime lacks the capability (isolating a node on one machine)
 
 # The fields of a fault record that `trainwarden history --json` prints, in order.
 FAULT_FIELDS = (
@@ -146,7 +157,7 @@ class DeliveryRecord(msgspec.Struct, frozen=True):
 
 
 class NodeEventRecord(msgspec.Struct, frozen=True):
-    """A node's state changed (services/nodes.py): isolated, lost, or ready again."""
+    """A node's state changed (runtime/nodes.py): isolated, lost, or ready again."""
 
     event_id: str  # deterministic from (node, state, time): a replayed change is the same row
     node_name: str

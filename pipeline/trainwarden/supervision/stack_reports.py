@@ -1,17 +1,17 @@
-"""The actuator's side of stack snapshots on a cluster: each agent dumps the
-hung job's instances on its node before stopping them and sends the dumps;
-the report is built when every node has answered, or at the deadline with
-the silent nodes named as missing."""
+"""A hung job's stack report, on every runtime: whatever stops the instances
+(this machine's runtime, each node's agent) dumps them first and hands the
+dumps in per node; the report is built when every node has answered, or at
+the deadline with the silent nodes named as missing."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Sequence
 
 from trainwarden.bus.messages import StackDumps, StackReportReady
 from trainwarden.diagnose.collect import DEFAULT_TIMEOUT_S
-from trainwarden.diagnose.report import build_report
-from trainwarden.diagnose.stacks import dumps_from_json
+from trainwarden.diagnose.report import StackReport, build_report
+from trainwarden.diagnose.stacks import ProcessDump, dumps_from_json, dumps_to_json
 from trainwarden.events import Decision
 from trainwarden.store.records import StackReportRecord
 
@@ -31,7 +31,7 @@ class _Pending:
 
 class StackReports:
     def __init__(self, history, clock: Callable[[], float],
-                 announce: Callable[[StackReportReady], None] = lambda ready: None):
+                 announce: Callable[[StackReportReady, StackReport], None] = lambda ready, report: None):
         self.history = history
         self.announce = announce
         self.clock = clock
@@ -44,6 +44,12 @@ class StackReports:
     def expect(self, report_id: str, job_id: str, node: str) -> None:
         if report_id in self.pending:
             self.pending[report_id].expected.add(node)
+
+    def hand_in(self, node: str, job_id: str, report_id: str, dumps: Sequence[ProcessDump],
+                missing: Sequence[str]) -> None:
+        """One node's dumps, taken in this process (the local runtime)."""
+        self.add(StackDumps(node=node, job_id=job_id, report_id=report_id, time=self.clock(),
+                            dumps_json=dumps_to_json(list(dumps)), missing=tuple(missing)))
 
     def add(self, message: StackDumps) -> None:
         pending = self.pending.get(message.report_id)
@@ -76,7 +82,7 @@ class StackReports:
         self.announce(StackReportReady(
             report_id=report_id, job_id=decision.job_id, time=now, tool=report.tool, processes=report.processes,
             groups=len(report.groups), suspects=tuple(report.suspects), verdict=report.verdict[:2000],
-            missing=tuple(m[:500] for m in report.missing[:20])))
+            missing=tuple(m[:500] for m in report.missing[:20])), report)
         self.history.write([StackReportRecord(
             report_id=report_id, record_id=report_id, job_id=decision.job_id, time=now, round=decision.round,
             tool=report.tool, processes=report.processes, groups=len(report.groups), suspects=",".join(report.suspects),

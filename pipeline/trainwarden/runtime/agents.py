@@ -1,0 +1,122 @@
+"""The ``agents`` runtime: one job's instances on Trainwarden's node agents.
+
+The actuator places each incarnation on a ready node with a free slot and
+sends start/stop commands, keyed by node, to the agents; a hang's stop asks
+each node's agent to dump the stacks first. Everything it needs from the
+actuator service comes through ``ClusterPort``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+from trainwarden.bus.messages import StartInstance, StopInstances
+from trainwarden.events import InstanceSpec, JobSpec
+from trainwarden.runtime.base import Capability
+from trainwarden.runtime.environment import job_env
+from trainwarden.runtime.nodes import Cluster, NoCapacity, master_port
+from trainwarden.settings import JobSettings
+
+
+class ClusterPort(Protocol):
+    """What a cluster runtime may ask of the actuator service."""
+
+    cluster: Cluster
+    clock: Callable[[], float]
+
+    def send_command(self, command) -> None: ...
+    def expect_dumps(self, report_id: str, job_id: str, node: str) -> None: ...
+    def isolate(self, node: str, isolated: bool, reason: str) -> None: ...
+    def no_capacity(self) -> None: ...
+
+
+class AgentsRuntime:
+    capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.ISOLATE_NODE,
+                              Capability.STACK_DUMP})
+
+    def __init__(self, port: ClusterPort, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec],
+                 settings: JobSettings):
+        self.port = port
+        self.job_id = job_id
+        self.spec = spec
+        self.specs = {i.name: i for i in instances}
+        self.settings = settings
+        self.instance_names = list(self.specs)
+        self.incarnation: dict[str, tuple[int, int]] = {}
+        self.waiting: list[tuple[str, int, int]] = []  # starts waiting for a free slot
+
+    def start(self, name: str, round_: int, start: int) -> None:
+        self.incarnation[name] = (round_, start)
+        try:
+            self._send_start(name, round_, start)
+        except NoCapacity:
+            self.port.no_capacity()
+            self.waiting.append((name, round_, start))
+
+    def retry_waiting(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for name, round_, start in waiting:
+            if self.incarnation.get(name) == (round_, start):
+                self.start(name, round_, start)
+
+    def _send_start(self, name: str, round_: int, start: int) -> None:
+        cluster = self.port.cluster
+        node = cluster.place(self.job_id, name, self.port.clock())
+        rank0 = min(self.specs.values(), key=lambda s: s.rank).name
+        master_node = cluster.placement.get(self.job_id, {}).get(rank0, node.name)
+        role = self.spec.role(self.specs[name].role)
+        self.port.send_command(StartInstance(
+            node=node.name, job_id=self.job_id, action_id=f"{self.job_id}/{name}/{round_}/{start}",
+            instance=self.specs[name], round=round_, start=start, world_size=len(self.specs),
+            master_addr=cluster.nodes[master_node].address if master_node in cluster.nodes else node.address,
+            master_port=master_port(self.job_id, round_), command=role.command,
+            env=tuple(sorted(job_env(self.spec, role, self.settings).items())),
+            workdir=self.spec.workdir, max_restarts=self.settings.max_num_of_job_restart))
+
+    def stop(self, names: Sequence[str], snapshot: str = "") -> None:
+        self.waiting = [w for w in self.waiting if w[0] not in names]
+        for node, instances in self.port.cluster.release(self.job_id, list(names)).items():
+            targets = tuple((name, *self.incarnation[name]) for name in instances if name in self.incarnation)
+            if snapshot:
+                self.port.expect_dumps(snapshot, self.job_id, node)
+            self.port.send_command(StopInstances(node=node, job_id=self.job_id, action_id="stop",
+                                                 instances=tuple(instances), grace_s=self.spec.stop_grace_s,
+                                                 incarnations=targets, snapshot_report=snapshot))
+
+    def stop_all(self, snapshot: str = "") -> None:
+        self.stop(self.instance_names, snapshot)
+
+    def isolate_node(self, node: str, reason: str) -> None:
+        self.port.isolate(node, True, reason)
+
+    def preempt(self, notice_s: float) -> None:
+        raise NotImplementedError("the agents have no market")  # not in capabilities
+
+    def finish(self) -> None:
+        self.waiting = []
+
+
+class UnplacedRuntime:
+    """A job this actuator never started (its decisions arrive, its placement
+    does not): nothing to stop or start, but a node can still be isolated."""
+
+    capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.ISOLATE_NODE})
+    instance_names: list = []
+
+    def __init__(self, port: ClusterPort):
+        self.port = port
+
+    def start(self, name: str, round_: int, start: int) -> None:
+        pass
+
+    def stop(self, names: Sequence[str], snapshot: str = "") -> None:
+        pass
+
+    def stop_all(self, snapshot: str = "") -> None:
+        pass
+
+    def isolate_node(self, node: str, reason: str) -> None:
+        self.port.isolate(node, True, reason)
+
+    def preempt(self, notice_s: float) -> None:
+        pass

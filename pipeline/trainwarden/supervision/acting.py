@@ -1,0 +1,95 @@
+"""The acting half of supervision, the same for ``trainwarden run`` and the
+cluster's actuator service: for one job, every decision is carried out once
+through the job's runtime (a hang's stacks dumped first), its history rows
+written, and its notification submitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Sequence
+
+from trainwarden.actuator import Actuator, HistoryWriter, wants_stack_report
+from trainwarden.engine import JobStatus
+from trainwarden.events import Decision, DecisionKind, LogLine
+from trainwarden.runtime.base import Capability, JobRuntime
+from trainwarden.store.records import JobRecord
+from trainwarden.supervision.stack_reports import StackReports
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFacts:
+    """What the jobs table says of a job besides its status."""
+
+    job_id: str
+    submitted_at: float
+    framework: str
+    args: str
+    instances: int
+    node_name: str  # where it is supervised: this machine for ``run``, "" for the cluster
+
+
+FINAL = {DecisionKind.FAIL_JOB: JobStatus.FAILED, DecisionKind.COMPLETE_JOB: JobStatus.SUCCEEDED}
+
+
+class Supervisor:
+    def __init__(self, runtime: JobRuntime, history: HistoryWriter, reports: StackReports, facts: JobFacts, *,
+                 node: str, clock: Callable[[], float], executed: Optional[set] = None,
+                 notify: Optional[Callable[[Decision], None]] = None):
+        self.runtime = runtime
+        self.history = history
+        self.reports = reports
+        self.facts = facts
+        self.clock = clock
+        self.notify = notify
+        self.actuator = Actuator(runtime, history, node, clock=clock, executed=executed)
+        self.status = JobStatus.RUNNING
+        self.restarts = 0  # the jobs table's ``rounds``: restarts of the whole job (not re-queues)
+        self.reason = ""
+
+    def act(self, decision: Decision) -> None:
+        """Carry out one decision (at most once, by its action id)."""
+        snapshot = ""
+        if wants_stack_report(decision) and Capability.STACK_DUMP in self.runtime.capabilities:
+            snapshot = decision.action_id
+            self.reports.start(decision)
+        if decision.kind is DecisionKind.RESTART_JOB and decision.action_id not in self.actuator.executed:
+            self.restarts += 1
+        try:
+            self.actuator.execute(decision, snapshot)
+        finally:
+            if self.notify is not None:
+                self.notify(decision)
+        final = FINAL.get(decision.kind)
+        if final is not None and self.status is JobStatus.RUNNING:
+            self.reason = decision.reason.value
+            self.write_job(final)
+
+    def keep(self, records: Sequence[object]) -> None:
+        """Rows the intake derived: dead letters, diagnoses."""
+        if records:
+            self.history.write(list(records))
+
+    def observe(self, line: LogLine) -> None:
+        self.actuator.observe(line)
+
+    def mark_running(self, instance: str, round_: int, start: int, when: float) -> None:
+        self.actuator.mark_running(instance, round_, start, when)
+
+    def write_job(self, status: JobStatus, reason: Optional[str] = None, restarts: Optional[int] = None) -> None:
+        self.status = status
+        if reason is not None:
+            self.reason = reason
+        if restarts is not None:
+            self.restarts = restarts
+        now = self.clock()
+        facts = self.facts
+        self.history.write([JobRecord(
+            job_id=facts.job_id, submitted_at=facts.submitted_at,
+            finished_at=0.0 if status is JobStatus.RUNNING else now, status=status.value, reason=self.reason,
+            framework=facts.framework, args=facts.args, instances=facts.instances, rounds=self.restarts,
+            node_name=facts.node_name, updated_at=now)])
+
+    def finish(self) -> None:
+        """The job is over: restarts that never printed again are done."""
+        self.actuator.finish()

@@ -1,0 +1,81 @@
+"""A training stand-in that checkpoints: each step is saved under
+$TRAINWARDEN_CHECKPOINT_DIR; a resumed incarnation (TRAINWARDEN_RESUME=1)
+starts after the last saved step; SIGTERM saves and says so before exiting
+(the lines a worker prints while it is being stopped)."""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from trainwarden.sdk import job_monitor as jm
+
+RANK = int(os.environ.get("RANK", "0"))
+ROUND = int(os.environ.get("TRAINWARDEN_RESTART_ROUND", "0"))
+NAME = os.environ.get("TRAINWARDEN_INSTANCE", "?")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--step-s", type=float, default=0.1)
+    p.add_argument("--fail-rank", type=int, default=-1)
+    p.add_argument("--fail-round", type=int, default=0)
+    p.add_argument("--fail-at-step", type=int, default=2)
+    p.add_argument("--fail-message", default="")
+    p.add_argument("--hang-round", type=int, default=-1)
+    p.add_argument("--hang-at-step", type=int, default=2)
+    p.add_argument("--keyword", default="")
+    p.add_argument("--message", default="")
+    p.add_argument("--say", default="", help="rank 0 prints this at step 1, as its own output")
+    a = p.parse_args()
+
+    directory = Path(os.environ["TRAINWARDEN_CHECKPOINT_DIR"]) / NAME
+    directory.mkdir(parents=True, exist_ok=True)
+    saved = directory / "step.json"
+    step = 0
+    resume = os.environ.get("TRAINWARDEN_RESUME") == "1"
+    if resume and saved.exists():
+        step = json.loads(saved.read_text())["step"] + 1
+    print(f"{'resuming' if resume else 'starting'} {NAME} round={ROUND} at step {step} "
+          f"resume={os.environ.get('TRAINWARDEN_RESUME')} node={os.environ.get('TRAINWARDEN_NODE')}", flush=True)
+
+    last = [step - 1]
+
+    def save(at: int) -> None:
+        tmp = saved.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"step": at}))
+        tmp.replace(saved)
+        last[0] = at
+
+    def on_sigterm(signum, frame):
+        print(f"sigterm: {NAME} stops; its checkpoint holds step {last[0]}", flush=True)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    monitor = jm.Monitor(config=jm.PyTorchConfig())
+    if a.keyword:
+        print(f"keywords {monitor.set_retryable_errors([a.keyword]).to_string()}", flush=True)
+    while step < a.steps:
+        print(f"step {step}", flush=True)
+        if RANK == a.fail_rank and ROUND == a.fail_round and step == a.fail_at_step:
+            print(a.fail_message, file=sys.stderr, flush=True)
+            sys.exit(1)
+        if ROUND == a.hang_round and step == a.hang_at_step:
+            print("hanging", flush=True)
+            time.sleep(600)
+        if a.say and RANK == 0 and step == 1:
+            print(a.say, flush=True)
+        if a.message and RANK == 0 and ROUND == 0 and step == a.fail_at_step:
+            print(f"message {monitor.send_custom_message(content=a.message).to_string()}", flush=True)
+        save(step)
+        step += 1
+        time.sleep(a.step_s)
+    print(f"done {NAME}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""One job, run to its end on a named runtime, and what it left behind: the
+outcome, the lines it printed as the user sees them (``run``'s console,
+``submit --follow``), and the history's rows. The same driver for every
+runtime, so a scenario is written once (tests/scenarios/test_scenarios.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+from pathlib import Path
+from typing import Callable, Optional
+
+from trainwarden.bus.memory import MemoryBus
+from trainwarden.events import Decision, DecisionKind, LogLine
+from trainwarden.jobspec import JobDefinition, from_command
+from trainwarden.rules.loader import load_rules
+from trainwarden.runtime.registry import runtime_kind
+from trainwarden.services.embedded import EmbeddedRun
+from trainwarden.services.follow import Follower, submit
+from trainwarden.store import open_reader, open_writer
+
+RUNTIMES = ("local", "agents")
+PROGRAM = str(Path(__file__).resolve().parent / "programs" / "resume.py")
+
+# When a printed line matches, the C4D agent of the node running that
+# instance writes this finding to its own log (the trusted channel).
+Trigger = Callable[[LogLine], Optional[str]]
+
+
+@dataclasses.dataclass
+class Outcome:
+    runtime: str
+    final: Optional[Decision]
+    lines: list[LogLine]
+    faults: list[dict]  # the newest version of every fault record, in time order
+    stacks: list[dict]
+    diagnoses: list[dict]
+    jobs: list[dict]
+    log_files: list[Path]  # the per-instance files the runtime keeps (none for local)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.final is not None and self.final.kind is DecisionKind.COMPLETE_JOB
+
+    def texts(self, instance: str | None = None, round_: int | None = None) -> list[str]:
+        return [line.text for line in self.lines
+                if (instance is None or line.instance == instance) and (round_ is None or line.round == round_)]
+
+    def rows(self) -> list[tuple]:
+        """The fault rows as a runtime-independent shape (node names aside)."""
+        return sorted((r["round"], r["action"], r["error_source"], r["result"], r["reason"], r["instance_name"],
+                       r["category"], r["verdict"]) for r in self.faults)
+
+
+def job(job_id: str, tmp: Path, args: str, *program: str, nproc: int = 2) -> JobDefinition:
+    definition = from_command([sys.executable, PROGRAM, *program], nproc, args, job_id, stop_grace_s=2)
+    return dataclasses.replace(definition, checkpoint_dir=str(tmp / "checkpoints"))
+
+
+def run(runtime: str, tmp: Path, definition: JobDefinition, trigger: Optional[Trigger] = None,
+        timeout_s: float = 90.0) -> Outcome:
+    runtime_kind(runtime)  # a runtime the registry does not know is a mistake in the test
+    if runtime == "local":
+        return _run_local(tmp, definition, trigger, timeout_s)
+    return _run_agents(tmp, definition, trigger, timeout_s)
+
+
+def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger], timeout_s: float) -> Outcome:
+    store = tmp / "store"
+    c4d_log = tmp / "c4d.log"
+    c4d_log.touch()
+    lines: list[LogLine] = []
+    decisions: list[Decision] = []
+
+    class Reporter:
+        def line(self, event: LogLine) -> None:
+            lines.append(event)
+            said = trigger(event) if trigger else None
+            if said:
+                with open(c4d_log, "a") as channel:
+                    channel.write(said + "\n")
+
+        def flush(self) -> None:
+            pass
+
+        def decision(self, decision: Decision) -> None:
+            decisions.append(decision)
+
+        def info(self, text: str) -> None:
+            pass
+
+    embedded = EmbeddedRun(definition, load_rules(), open_writer(store), Reporter(), node="local-node",
+                           c4d_log=str(c4d_log))
+    thread = threading.Thread(target=embedded.run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), f"the job did not end in {timeout_s} s: {[d.kind for d in decisions]}"
+    final = next((d for d in reversed(decisions) if d.kind in (DecisionKind.COMPLETE_JOB, DecisionKind.FAIL_JOB)),
+                 None)
+    return _history("local", store, definition.job_id, final, lines, [])
+
+
+def _run_agents(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger], timeout_s: float) -> Outcome:
+    from tests.cluster.harness import LocalCluster
+
+    bus = MemoryBus()
+    cluster = LocalCluster(bus, tmp)
+    lines: list[LogLine] = []
+    try:
+        follower = Follower(bus, definition.job_id)
+        assert follower.ready()
+
+        def on_line(event: LogLine) -> None:
+            lines.append(event)
+            said = trigger(event) if trigger else None
+            node = cluster.node_of(event.job_id, event.instance) if said else None
+            if node:
+                with open(cluster.c4d_logs[node], "a") as channel:
+                    channel.write(said + "\n")
+
+        submit(bus, definition)
+        final = follower.follow(on_line, lambda d: None, timeout_s=timeout_s)
+        # What the instances printed after the decisions (the last lines of a stop) still arrives.
+        follower.follow(on_line, lambda d: None, timeout_s=1.0)
+        follower.close()
+    finally:
+        cluster.stop()
+    assert cluster.errors() == []
+    files = sorted(p for p in tmp.glob("logs-*/**/*.log") if p.is_file())
+    return _history("agents", cluster.store, definition.job_id, final, lines, files)
+
+
+def _history(runtime: str, store: Path, job_id: str, final, lines, files) -> Outcome:
+    where = {"job_id": job_id}
+    with open_reader(store) as reader:
+        faults = sorted(reader.faults(job_id), key=lambda r: (r["time"], r["action"]))
+        stacks = reader.select("SELECT * FROM stack_reports FINAL WHERE job_id = {job_id:String} ORDER BY time",
+                               where)
+        diagnoses = reader.select("SELECT * FROM diagnoses FINAL WHERE job_id = {job_id:String} ORDER BY time",
+                                  where)
+        jobs = reader.jobs(job_id)
+    return Outcome(runtime, final, lines, faults, stacks, diagnoses, jobs, files)

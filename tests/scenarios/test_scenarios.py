@@ -1,0 +1,135 @@
+"""The same scenarios on every runtime, from one module: what a job does
+must not depend on where it runs. Each scenario runs on each runtime of the
+registry that this machine can host (``local``: ``trainwarden run``;
+``agents``: node agents, processor and actuator on the in-process bus), and
+the history's fault rows must be the same on all of them -- node names aside,
+and a decision the runtime cannot carry out (isolating a node on one machine)
+recorded as ``unsupported`` there.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.scenarios.runtimes import RUNTIMES, job, run
+from trainwarden.runtime.base import Capability
+from trainwarden.runtime.registry import runtime_kind
+
+NCCL = "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system error"
+C4D_ERROR = '[C4D] level=Error kind=RankCommHang rank=0 detail="allreduce stuck for 190 s"'
+
+# scenario -> runtime -> rows, to hold every runtime to the first one's rows
+_ROWS: dict[str, dict[str, list]] = {}
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request):
+    return request.param
+
+
+def _same_rows_everywhere(scenario: str, runtime: str, rows: list) -> None:
+    capabilities = runtime_kind(runtime).capabilities
+
+    def portable(row):
+        # Where a runtime lacks the capability, its row says so; the rest must match.
+        return tuple("done|unsupported" if row[1] == "isolate_node" and i == 3 else v for i, v in enumerate(row))
+
+    seen = _ROWS.setdefault(scenario, {})
+    for other, other_rows in seen.items():
+        assert [portable(r) for r in rows] == [portable(r) for r in other_rows], (
+            f"{scenario}: {runtime} wrote other rows than {other}")
+    seen[runtime] = rows
+    for row in rows:
+        if row[1] == "isolate_node":
+            assert row[3] == ("done" if Capability.ISOLATE_NODE in capabilities else "unsupported"), row
+
+
+def _done(outcome, action=None):
+    return [r for r in outcome.faults if r["result"] != "pending" and (action is None or r["action"] == action)]
+
+
+def test_a_retryable_crash_restarts_the_job_and_every_instance_resumes_from_its_checkpoint(runtime, tmp_path,
+                                                                                           job_id):
+    outcome = run(runtime, tmp_path, job(job_id, tmp_path, "--enable-job-restart=True", "--fail-rank", "1",
+                                         "--fail-at-step", "2", "--fail-message", NCCL, "--steps", "5"))
+    assert outcome.succeeded, outcome.texts()
+    [restart] = _done(outcome)
+    assert (restart["action"], restart["error_source"], restart["result"]) == ("restart_job", "instance_exit", "done")
+    # The restarted incarnations were told to resume, where the checkpoints are, and picked them up.
+    assert any(t.startswith("resuming worker-1 round=1 at step 2 resume=1") for t in outcome.texts("worker-1", 1))
+    [worker0] = [t for t in outcome.texts("worker-0", 1) if t.startswith("resuming")]
+    assert " at step 0 " not in worker0 and "resume=1" in worker0, worker0
+    assert [t for t in outcome.texts(round_=0) if t.startswith("starting")] and all(
+        "resume=0" in t for t in outcome.texts(round_=0) if t.startswith("starting"))
+    [record] = outcome.jobs
+    assert record["status"] == "succeeded" and record["rounds"] == 1
+    _same_rows_everywhere("retryable crash", runtime, outcome.rows())
+
+
+def test_a_hang_is_restarted_with_a_stack_report_and_the_lines_printed_while_stopping_are_kept(runtime, tmp_path,
+                                                                                              job_id):
+    outcome = run(runtime, tmp_path, job(job_id, tmp_path, "--enable-job-restart=True --enable-job-hang-detection=True --job-hang-interval=3",
+                                         "--hang-round", "0", "--hang-at-step", "2", "--steps", "4"))
+    assert outcome.succeeded, outcome.texts()
+    [restart] = _done(outcome)
+    assert (restart["action"], restart["error_source"]) == ("restart_job", "hang")
+    [report] = outcome.stacks
+    assert report["round"] == 0 and report["processes"] == 2 and report["missing"] == "", report
+    # Each hung worker says on SIGTERM what its checkpoint holds: that line reaches the user...
+    for name in ("worker-0", "worker-1"):
+        assert f"sigterm: {name} stops; its checkpoint holds step 1" in outcome.texts(name, 0), outcome.texts(name, 0)
+        assert any(t.startswith(f"resuming {name} round=1 at step 2") for t in outcome.texts(name, 1))
+    # ... and the files the runtime keeps of each incarnation.
+    if runtime != "local":
+        kept = "".join(p.read_text() for p in outcome.log_files if "/r0-" in str(p))
+        assert "sigterm: worker-0 stops" in kept and "sigterm: worker-1 stops" in kept
+    _same_rows_everywhere("hang", runtime, outcome.rows())
+
+
+def test_a_c4d_error_on_the_diagnostic_channel_isolates_the_node_and_restarts_the_job(runtime, tmp_path, job_id):
+    def c4d_when_worker0_is_at_step_2(line):
+        return C4D_ERROR if line.instance == "worker-0" and line.round == 0 and line.text == "step 2" else None
+
+    outcome = run(runtime, tmp_path, job(job_id, tmp_path, "--enable-job-hang-detection=True --enable-c4d-hang-detection=True "
+                                         "--enable-job-restart=True", "--steps", "12", "--step-s", "0.25"),
+                  trigger=c4d_when_worker0_is_at_step_2)
+    assert outcome.succeeded, outcome.texts()
+    done = _done(outcome)
+    assert sorted((r["action"], r["error_source"]) for r in done) == [("isolate_node", "c4d"), ("restart_job", "c4d")]
+    [isolated] = [r["node_name"] for r in done if r["action"] == "isolate_node"]
+    [finding] = outcome.diagnoses
+    assert finding["trusted"] and finding["kind"] == "RankCommHang" and finding["node_name"] == isolated
+    if Capability.ISOLATE_NODE in runtime_kind(runtime).capabilities:
+        # The next round avoids the isolated node.
+        round1 = [t for t in outcome.texts(round_=1) if t.startswith("resuming")]
+        assert len(round1) == 2 and all(f"node={isolated}" not in t for t in round1), round1
+    _same_rows_everywhere("c4d error", runtime, outcome.rows())
+
+
+def test_a_c4d_line_the_job_prints_itself_is_recorded_and_decides_nothing(runtime, tmp_path, job_id):
+    outcome = run(runtime, tmp_path, job(job_id, tmp_path, "--enable-job-hang-detection=True --enable-c4d-hang-detection=True "
+                                         "--enable-job-restart=True", "--steps", "3", "--say", C4D_ERROR))
+    assert outcome.succeeded, outcome.texts()
+    assert _done(outcome) == []
+    [finding] = outcome.diagnoses
+    assert not finding["trusted"] and finding["action"].startswith("recorded only: printed by worker-0"), finding
+    _same_rows_everywhere("untrusted c4d", runtime, outcome.rows())
+
+
+def test_a_keyword_set_through_the_sdk_makes_a_user_error_retryable(runtime, tmp_path, job_id):
+    outcome = run(runtime, tmp_path, job(job_id, tmp_path, "--enable-job-restart=True", "--keyword",
+                                         "CUSTOM-FLAKE-42", "--fail-rank", "1", "--fail-at-step", "1",
+                                         "--fail-message", "ValueError: the batch had CUSTOM-FLAKE-42 in it"))
+    assert outcome.succeeded, outcome.texts()
+    [restart] = _done(outcome)
+    assert (restart["action"], restart["category"]) == ("restart_job", "custom_keyword"), restart
+    _same_rows_everywhere("sdk keyword", runtime, outcome.rows())
+
+
+def test_a_nan_message_through_the_sdk_is_recorded_as_a_notification(runtime, tmp_path, job_id):
+    outcome = run(runtime, tmp_path, job(job_id, tmp_path, "", "--message", "The training loss of the job is NaN.",
+                                         "--steps", "3"))
+    assert outcome.succeeded, outcome.texts()
+    [record] = _done(outcome)
+    assert record["action"] == "notify" and record["error_message"] == "The training loss of the job is NaN."
+    _same_rows_everywhere("nan message", runtime, outcome.rows())
