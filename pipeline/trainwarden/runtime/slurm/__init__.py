@@ -1,0 +1,8 @@
+"""Slurm as a runtime's cluster: a typed client over the Slurm CLI.
+
+``parse`` reads what the CLI prints (pure functions), ``cli`` runs the
+commands (allocate, launch steps, cancel, requeue, drain), ``task`` is the
+per-task wrapper srun starts, and ``files`` is the agent side that follows the
+wrapper's manifests and the tasks' output files. Proven against the real
+Slurm of ``deploy/slurm/local-slurm``.
+"""

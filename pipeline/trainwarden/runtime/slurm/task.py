@@ -1,0 +1,223 @@
+"""The per-task wrapper srun starts: ``python -m trainwarden.runtime.slurm.task PLAN.json``.
+
+The plan (JSON, written by the caller)::
+
+    {"instances": [{"name": "worker-0", "command": ["python", "train.py"], "env": {}}, ...],
+     "master_addr": null, "master_port": 29500,
+     "manifest_dir": "/shared/manifests", "output_dir": "/shared/out"}
+
+Task ``SLURM_PROCID == i`` runs instance i with os.environ + the instance's
+env + torchrun's variables (parse.torch_env_from_slurm; master_addr null:
+the NodeAddr of the step's first node, from ``scontrol show node``, else its
+name). Before the command starts it writes the start manifest
+``<job>.<step>.<task>.start.json`` (``...<task>.r<N>.start.json`` after the
+job's Nth requeue, since step ids start at 0 again), and when the command has
+ended the exit manifest ``....exit.json``; both atomically. The command runs
+in its own process group with this process's stdout/stderr (srun's per-task
+file); SIGTERM, SIGINT and SIGHUP are forwarded to that group. The wrapper
+exits with the command's code, 128+N when signal N ended it; 2 on a bad plan,
+127 when the command cannot be started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from trainwarden.runtime.slurm.parse import expand_hostlist, parse_nodes, torch_env_from_slurm
+
+PROG = "trainwarden-slurm-task"
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+BAD_PLAN = 2
+CANNOT_START = 127
+
+
+class PlanError(ValueError):
+    pass
+
+
+def manifest_stem(job_id: int, step_id: int, task_id: int, restart: int = 0) -> str:
+    """``12.0.1`` (``12.0.1.r2`` after the second requeue): the manifests' common name."""
+    stem = f"{job_id}.{step_id}.{task_id}"
+    return f"{stem}.r{restart}" if restart else stem
+
+
+def output_name(job_id: int, step_id: int, task_id: int) -> str:
+    """srun's ``%j-step%s-task%t.out`` (cli.STEP_OUTPUT) for one task."""
+    return f"{job_id}-step{step_id}-task{task_id}.out"
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _int_var(environ: Mapping[str, str], name: str, default: Optional[int] = None) -> int:
+    value = environ.get(name, "").strip()
+    if not value:
+        if default is not None:
+            return default
+        raise PlanError(f"{name} is not set (not started by srun?)")
+    if not value.isdigit():
+        raise PlanError(f"{name}={value!r} is not a number")
+    return int(value)
+
+
+def load_plan(path: str, environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(plan, this task's instance); PlanError when either is unusable."""
+    try:
+        plan = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise PlanError(f"cannot read {path}: {e.strerror or e}") from e
+    except ValueError as e:
+        raise PlanError(f"{path} is not JSON: {e}") from e
+    if not isinstance(plan, dict):
+        raise PlanError(f"{path} holds no JSON object")
+    instances = plan.get("instances")
+    if not isinstance(instances, list) or not instances:
+        raise PlanError(f"{path} has no instances list")
+    for key in ("manifest_dir", "output_dir"):
+        if not isinstance(plan.get(key), str) or not plan[key]:
+            raise PlanError(f"{path} has no {key}")
+    if not isinstance(plan.get("master_port", 29500), int):
+        raise PlanError(f"{path}: master_port is not a number")
+    if plan.get("master_addr") is not None and not isinstance(plan["master_addr"], str):
+        raise PlanError(f"{path}: master_addr is neither null nor a string")
+    procid = _int_var(environ, "SLURM_PROCID")
+    if procid >= len(instances):
+        raise PlanError(f"{path} has {len(instances)} instances but this is task {procid}")
+    inst = instances[procid]
+    if not isinstance(inst, dict) or not isinstance(inst.get("name"), str):
+        raise PlanError(f"{path}: instance {procid} has no name")
+    cmd = inst.get("command")
+    if not isinstance(cmd, list) or not cmd or not all(isinstance(c, str) for c in cmd):
+        raise PlanError(f"{path}: instance {procid} has no command (a list of strings)")
+    env = inst.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise PlanError(f"{path}: instance {procid} env is not an object of strings")
+    return plan, inst
+
+
+def first_node_addr(environ: Mapping[str, str]) -> str:
+    """NodeAddr of the step's first node (``scontrol show node``), else its name, else this host's name."""
+    nodes = expand_hostlist(environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST"))
+    if not nodes:
+        return socket.gethostname()
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", nodes[0]],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
+        )
+        for node in parse_nodes(out.stdout):
+            if node.name == nodes[0] and node.addr:
+                return node.addr
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return nodes[0]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    environ = dict(os.environ)
+    if len(argv) != 1:
+        print(f"{PROG}: usage: python -m trainwarden.runtime.slurm.task PLAN.json", file=sys.stderr)
+        return BAD_PLAN
+    try:
+        plan, inst = load_plan(argv[0], environ)
+        job_id = _int_var(environ, "SLURM_JOB_ID")
+        step_id = _int_var(environ, "SLURM_STEP_ID", _int_var(environ, "SLURM_STEPID", 0))
+        task_id = _int_var(environ, "SLURM_PROCID")
+        restart = _int_var(environ, "SLURM_RESTART_COUNT", 0)
+        master_addr = plan.get("master_addr") or first_node_addr(environ)
+        torch_env = torch_env_from_slurm(environ, master_addr, int(plan.get("master_port", 29500)))
+    except (PlanError, ValueError) as e:
+        print(f"{PROG}: bad plan or environment: {e}", file=sys.stderr)
+        return BAD_PLAN
+
+    manifest_dir = Path(plan["manifest_dir"])
+    output = Path(plan["output_dir"]) / output_name(job_id, step_id, task_id)
+    stem = manifest_stem(job_id, step_id, task_id, restart)
+    child_env = {**environ, **inst.get("env", {}), **torch_env}
+    node = environ.get("SLURMD_NODENAME", "")
+    child_env["TRAINWARDEN_NODE"] = node
+    if plan.get("control_dir"):
+        # The SDK endpoint of this node's agent, which adopts the task (adopt.py).
+        try:
+            child_env["TRAINWARDEN_CONTROL"] = (Path(plan["control_dir"]) / f"{node}.address").read_text().strip()
+        except OSError:
+            print(f"{PROG}: no Trainwarden agent has said where it listens on node {node!r}; "
+                  "the job's SDK calls will not reach it", file=sys.stderr)
+    base = {
+        "job_id": job_id,
+        "step_id": step_id,
+        "task_id": task_id,
+        "restart": restart,
+        "node": environ.get("SLURMD_NODENAME", ""),
+        "instance": inst["name"],
+        "output": str(output),
+    }
+    try:
+        manifest_dir.mkdir(parents=True, exist_ok=True)
+        offset = output.stat().st_size if output.exists() else 0
+    except OSError as e:
+        print(f"{PROG}: cannot use manifest_dir {manifest_dir}: {e.strerror or e}", file=sys.stderr)
+        return BAD_PLAN
+
+    child: Optional[subprocess.Popen[bytes]] = None
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if child is None:
+            pending.append(signum)
+            return
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+
+    sys.stdout.flush()
+    try:
+        child = subprocess.Popen(inst["command"], env=child_env, preexec_fn=os.setpgrp)  # own process group
+    except OSError as e:
+        print(f"{PROG}: cannot start {inst['command'][0]!r}: {e.strerror or e}", file=sys.stderr)
+        sys.stderr.flush()
+        write_json_atomic(manifest_dir / f"{stem}.start.json", {**base, "pid": None, "output_offset": offset, "started_at": time.time()})
+        write_json_atomic(manifest_dir / f"{stem}.exit.json", {**base, "exit_code": CANNOT_START, "ended_at": time.time()})
+        return CANNOT_START
+    write_json_atomic(
+        manifest_dir / f"{stem}.start.json", {**base, "pid": child.pid, "output_offset": offset, "started_at": time.time()}
+    )
+    for signum in pending:
+        forward(signum, None)
+    code = child.wait()
+    write_json_atomic(manifest_dir / f"{stem}.exit.json", {**base, "exit_code": code, "ended_at": time.time()})
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
