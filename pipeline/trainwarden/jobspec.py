@@ -63,6 +63,8 @@ class JobDefinition:
     spot: tuple[RoleBid, ...] = ()
     # Given to every instance as TRAINWARDEN_CHECKPOINT_DIR (resume after preemption).
     checkpoint_dir: Optional[str] = None
+    # Where the cluster runs it (trainwarden submit --runtime): agents, slurm.
+    runtime: str = "agents"
 
     def instances(self) -> tuple[InstanceSpec, ...]:
         specs = []
@@ -78,7 +80,7 @@ class JobDefinition:
         """How to start the instances, as every runtime takes it."""
         return JobSpec(roles=tuple(RoleSpec(r.name, r.count, r.command, r.env) for r in self.roles),
                        workdir=self.workdir or "", env=self.env, stop_grace_s=self.stop_grace_s,
-                       checkpoint_dir=self.checkpoint_dir or "")
+                       checkpoint_dir=self.checkpoint_dir or "", runtime=self.runtime)
 
 
 def make_job_id(command: tuple[str, ...] = ()) -> str:

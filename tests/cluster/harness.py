@@ -39,22 +39,25 @@ class Service:
 
 
 class LocalCluster:
-    def __init__(self, bus, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 3.0):
+    def __init__(self, bus, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 3.0,
+                 slurm=None):
+        """slurm: a SlurmSite; the agents are then those of the Slurm nodes n1..n3."""
         self.bus = bus
         self.tmp = tmp
         self.store = tmp / "store"
         bus.create_topics(topic_specs(4))
+        names = [f"n{i + 1}" if slurm else f"node-{i}" for i in range(nodes)]
         # Each node's C4D log: the trusted diagnostic channel of its agent.
-        self.c4d_logs = {f"node-{i}": tmp / f"c4d-node-{i}.log" for i in range(nodes)}
+        self.c4d_logs = {name: tmp / f"c4d-{name}.log" for name in names}
         for path in self.c4d_logs.values():
             path.touch()
-        self.agents = {f"node-{i}": Service(f"agent-{i}", Agent(bus, f"node-{i}", slots, tmp / f"logs-{i}",
-                                                                address="127.0.0.1",
-                                                                c4d_log=self.c4d_logs[f"node-{i}"]))
-                       for i in range(nodes)}
+        self.agents = {name: Service(f"agent-{name}", Agent(bus, name, slots, tmp / f"logs-{name}",
+                                                            address="127.0.0.1", c4d_log=self.c4d_logs[name],
+                                                            slurm_dir=slurm.directory if slurm else None))
+                       for name in names}
         self.processor = Service("processor", Processor(bus, load_rules()))
         self.actuator = Service("actuator", ActuatorService(bus, open_writer(self.store),
-                                                            node_timeout_s=node_timeout_s))
+                                                            node_timeout_s=node_timeout_s, slurm=slurm))
         deadline = time.time() + 20
         while not all(a.service.ready() for a in self.agents.values()) and time.time() < deadline:
             time.sleep(0.1)

@@ -17,8 +17,12 @@ KAFKA_SCRIPT = ROOT / "deploy" / "kafka" / "local-kafka"
 
 
 class ServiceProcesses:
-    def __init__(self, bootstrap: str, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 3.0):
+    def __init__(self, bootstrap: str, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 3.0,
+                 slurm_dir: Path | None = None):
+        """slurm_dir: the agents are those of the local Slurm cluster's nodes
+        (n1..n3), and the actuator runs --runtime slurm jobs through Slurm."""
         self.bootstrap = bootstrap
+        self.slurm_dir = slurm_dir
         self.tmp = tmp
         self.store = tmp / "store"
         self.prefix = f"n{uuid.uuid4().hex[:5]}"
@@ -31,7 +35,7 @@ class ServiceProcesses:
                         TRAINWARDEN_STORE=str(self.store), TRAINWARDEN_TOPIC_PREFIX=self.topic_prefix)
         subprocess.run([*TRAINWARDEN, "kafka", "init", "--partitions", "4"], env=self.env, cwd=ROOT, check=True,
                        capture_output=True, timeout=120)
-        self.node_names = [f"{self.prefix}-{i}" for i in range(nodes)]
+        self.node_names = [f"n{i + 1}" if slurm_dir else f"{self.prefix}-{i}" for i in range(nodes)]
         for name in self.node_names:
             self.start_agent(name)
         self.start("processor")
@@ -41,6 +45,8 @@ class ServiceProcesses:
     def start(self, name: str, *extra: str) -> subprocess.Popen:
         if name == "actuator":
             args = ["actuator", "--store", str(self.store), "--node-timeout", str(self.node_timeout_s)]
+            if self.slurm_dir:
+                args += ["--slurm-dir", str(self.slurm_dir)]
         else:
             args = [name]
         log = open(self.tmp / f"{name}.log", "ab")
@@ -60,7 +66,8 @@ class ServiceProcesses:
         (self.tmp / f"c4d-{node}.log").touch()
         proc = subprocess.Popen([*TRAINWARDEN, "agent", "--node", node, "--slots", str(self.slots),
                                  "--log-dir", str(self.tmp / f"logs-{node}"), "--address", "127.0.0.1",
-                                 "--c4d-log", str(self.tmp / f"c4d-{node}.log")],
+                                 "--c4d-log", str(self.tmp / f"c4d-{node}.log"),
+                                 *(["--slurm-dir", str(self.slurm_dir)] if self.slurm_dir else [])],
                                 env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         self.procs[f"agent-{node}"] = proc
         return proc

@@ -7,10 +7,14 @@ runtime, so a scenario is written once (tests/scenarios/test_scenarios.py).
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Callable, Optional
+
+import pytest
 
 from trainwarden.bus.memory import MemoryBus
 from trainwarden.events import Decision, DecisionKind, LogLine
@@ -21,7 +25,7 @@ from trainwarden.services.embedded import EmbeddedRun
 from trainwarden.services.follow import Follower, submit
 from trainwarden.store import open_reader, open_writer
 
-RUNTIMES = ("local", "agents")
+RUNTIMES = ("local", "agents", "slurm")
 PROGRAM = str(Path(__file__).resolve().parent / "programs" / "resume.py")
 
 # When a printed line matches, the C4D agent of the node running that
@@ -64,7 +68,33 @@ def run(runtime: str, tmp: Path, definition: JobDefinition, trigger: Optional[Tr
     runtime_kind(runtime)  # a runtime the registry does not know is a mistake in the test
     if runtime == "local":
         return _run_local(tmp, definition, trigger, timeout_s)
+    if runtime == "slurm":
+        return _run_agents(tmp, dataclasses.replace(definition, runtime="slurm"), trigger, timeout_s,
+                           slurm=slurm_site(tmp))
     return _run_agents(tmp, definition, trigger, timeout_s)
+
+
+def slurm_site(tmp: Path):
+    """The local Slurm cluster CI starts (deploy/slurm/local-slurm), or a skip saying how to get one."""
+    if os.environ.get("TRAINWARDEN_SLURM") != "1" or not os.environ.get("SLURM_CONF"):
+        pytest.skip("no Slurm cluster: start one with deploy/slurm/local-slurm start, export the SLURM_CONF it "
+                    "prints and TRAINWARDEN_SLURM=1 (.ci/run does)")
+    from trainwarden.runtime.slurm.cli import SlurmCli
+    from trainwarden.runtime.slurm.runtime import SlurmSite
+
+    return SlurmSite(SlurmCli(os.environ["SLURM_CONF"]), tmp / "slurm")
+
+
+def cancel_slurm_jobs(job_id: str) -> None:
+    """Whatever a test left allocated or drained (the next test needs every node)."""
+    subprocess.run(["scancel", "--quiet", f"--name=tw-{job_id}"], env=dict(os.environ), check=False,
+                   capture_output=True)
+    from trainwarden.runtime.slurm.cli import SlurmCli
+
+    cli = SlurmCli(os.environ["SLURM_CONF"])
+    for node in cli.nodes():
+        if node.reason.startswith("Trainwarden"):
+            cli.resume(node.name)
 
 
 def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger], timeout_s: float) -> Outcome:
@@ -102,11 +132,12 @@ def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger],
     return _history("local", store, definition.job_id, final, lines, [])
 
 
-def _run_agents(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger], timeout_s: float) -> Outcome:
+def _run_agents(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger], timeout_s: float,
+                slurm=None) -> Outcome:
     from tests.cluster.harness import LocalCluster
 
     bus = MemoryBus()
-    cluster = LocalCluster(bus, tmp)
+    cluster = LocalCluster(bus, tmp, slurm=slurm)
     lines: list[LogLine] = []
     try:
         follower = Follower(bus, definition.job_id)
@@ -127,9 +158,11 @@ def _run_agents(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger]
         follower.close()
     finally:
         cluster.stop()
+        if slurm is not None:
+            cancel_slurm_jobs(definition.job_id)
     assert cluster.errors() == []
     files = sorted(p for p in tmp.glob("logs-*/**/*.log") if p.is_file())
-    return _history("agents", cluster.store, definition.job_id, final, lines, files)
+    return _history("slurm" if slurm else "agents", cluster.store, definition.job_id, final, lines, files)
 
 
 def _history(runtime: str, store: Path, job_id: str, final, lines, files) -> Outcome:

@@ -100,6 +100,18 @@ class StopInstances(msgspec.Struct, frozen=True, tag="stop_instances"):
     snapshot_report: str = ""
 
 
+class ExpectTasks(msgspec.Struct, frozen=True, tag="expect_tasks"):
+    """The incarnations the actuator is about to start as Slurm tasks, for
+    every agent (node "*"): the one whose node Slurm picks adopts a task only
+    when its token hashes to one announced here."""
+
+    node: str  # "*": every agent
+    job_id: str
+    slurm_job: int
+    # (instance, round, start, sha256 of the incarnation's SDK token)
+    incarnations: tuple[tuple[str, int, int, str], ...]
+
+
 class StackDumps(msgspec.Struct, frozen=True, tag="stack_dumps"):
     """One node's stack dumps of a hung job's instances, for the actuator's report."""
 

@@ -14,6 +14,7 @@ from trainwarden.bus.messages import (
     ActionDone,
     DeadLetterMessage,
     DecisionRecord,
+    ExpectTasks,
     Heartbeat,
     LogBatch,
     NodeState,
@@ -43,7 +44,7 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 EventMessage = Union[JobSubmitted, InstanceStarted, InstanceExited, SdkMessage, InstanceActivity, NodeLost, Diagnosis,
                      DecisionRecord]
 LogMessage = Union[LogBatch, WireLogLine]
-CommandMessage = Union[StartInstance, StopInstances]
+CommandMessage = Union[StartInstance, StopInstances, ExpectTasks]
 ActuatorStateMessage = Union[ActionDone, NodeState, StackReportReady]
 NodeMessage = Union[Heartbeat, StackDumps]
 

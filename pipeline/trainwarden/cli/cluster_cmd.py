@@ -4,6 +4,7 @@ submit, nodes. Parsing and printing only; the work is in trainwarden.services.""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import socket
@@ -45,6 +46,9 @@ def add_commands(sub) -> None:
     agent.add_argument("--address", default="", help="address other nodes reach this one at (MASTER_ADDR)")
     agent.add_argument("--c4d-log", default=os.environ.get("TRAINWARDEN_C4D_LOG"),
                        help="the C4D agent's log file on this node: the trusted diagnostic channel")
+    agent.add_argument("--slurm-dir", default=os.environ.get("TRAINWARDEN_SLURM_DIR"),
+                       help="on a Slurm node: the directory shared with the actuator's --slurm-dir; the agent "
+                            "follows the Slurm tasks on its node (--node must be the Slurm node name)")
     agent.add_argument("--no-ship-logs", action="store_true",
                        help="write output files only, for Vector to ship (lines would otherwise arrive twice)")
     _bootstrap(agent)
@@ -55,6 +59,11 @@ def add_commands(sub) -> None:
 
     actuator = sub.add_parser("actuator", help="run the actuator: places instances, executes decisions")
     actuator.add_argument("--store", help="history store: a directory (chDB) or http(s)://user@host:port/db")
+    actuator.add_argument("--slurm-dir", default=os.environ.get("TRAINWARDEN_SLURM_DIR"),
+                          help="run jobs submitted with --runtime slurm through Slurm; plans, task manifests and "
+                               "output files go here (a directory every Slurm node sees)")
+    actuator.add_argument("--slurm-conf", default=os.environ.get("SLURM_CONF"),
+                          help="the slurm.conf to use (default: $SLURM_CONF)")
     actuator.add_argument("--node-timeout", type=float, default=10.0,
                           help="seconds without a heartbeat before a node is lost (default 10)")
     _bootstrap(actuator)
@@ -77,6 +86,8 @@ def add_commands(sub) -> None:
     submit.add_argument("--nproc", type=int, default=1)
     submit.add_argument("--args", default=None)
     submit.add_argument("--framework", default="pytorch")
+    submit.add_argument("--runtime", default="agents", choices=("agents", "slurm"),
+                        help="where the cluster runs it: Trainwarden's agents (default) or Slurm")
     submit.add_argument("--follow", action="store_true", help="stream output and exit 0/1 with the outcome")
     submit.add_argument("--quiet", action="store_true", help="with --follow: decisions only")
     _bootstrap(submit)
@@ -121,7 +132,8 @@ def _service(args: argparse.Namespace) -> int:
             return fail("--slots must be from 1 to 4096")
         log_dir = Path(args.log_dir or default_store_dir().parent / f"agent-{args.node}" / "logs")
         service = Agent(bus, args.node, args.slots, log_dir, address=args.address, ship_logs=not args.no_ship_logs,
-                        c4d_log=Path(args.c4d_log) if args.c4d_log else None)
+                        c4d_log=Path(args.c4d_log) if args.c4d_log else None,
+                        slurm_dir=Path(args.slurm_dir) if args.slurm_dir else None)
         label = f"agent {args.node} ({args.slots} slots, logs in {log_dir})"
     elif args.command == "processor":
         from trainwarden.services.processor import Processor
@@ -134,8 +146,15 @@ def _service(args: argparse.Namespace) -> int:
         from trainwarden.services.actuator_service import ActuatorService
 
         store = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
-        service = ActuatorService(bus, open_writer(store), node_timeout_s=args.node_timeout)
-        label = f"actuator (history in {store})"
+        slurm = None
+        if args.slurm_dir:
+            from trainwarden.runtime.slurm.cli import SlurmCli
+            from trainwarden.runtime.slurm.runtime import SlurmSite
+
+            slurm = SlurmSite(SlurmCli(args.slurm_conf), Path(args.slurm_dir))
+        service = ActuatorService(bus, open_writer(store), node_timeout_s=args.node_timeout, slurm=slurm,
+                                  say=lambda text: err_console.print(f"trainwarden ▸ actuator: {escape(text)}"))
+        label = f"actuator (history in {store}" + (f", Slurm jobs in {args.slurm_dir})" if slurm else ")")
     return run_service(service, label)
 
 
@@ -195,6 +214,7 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
         return fail("give either a job file or a command after '--', not both")
     job = (load_job_file(args.job_file, job_id=args.job_id) if args.job_file
            else from_command(command, args.nproc, args.args or "", args.job_id, args.framework))
+    job = dataclasses.replace(job, runtime=args.runtime)
     if job.spot:
         # The cluster has no market service yet: a spot job must not silently run on ordinary capacity.
         return fail("spot jobs run in the embedded mode only for now",

@@ -28,11 +28,14 @@ class ClusterPort(Protocol):
     def expect_dumps(self, report_id: str, job_id: str, node: str) -> None: ...
     def isolate(self, node: str, isolated: bool, reason: str) -> None: ...
     def no_capacity(self) -> None: ...
+    def node_lost(self, job_id: str, node: str, instances: Sequence[str]) -> None: ...
+    def slurm_error(self, job_id: str, text: str) -> None: ...
 
 
-class AgentsRuntime:
-    capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.ISOLATE_NODE,
-                              Capability.STACK_DUMP})
+class ClusterJob:
+    """What every cluster runtime shares: the job, its incarnations, and
+    stopping through the agents of the nodes its instances are placed on
+    (each dumps the stacks first when asked)."""
 
     def __init__(self, port: ClusterPort, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec],
                  settings: JobSettings):
@@ -43,6 +46,30 @@ class AgentsRuntime:
         self.settings = settings
         self.instance_names = list(self.specs)
         self.incarnation: dict[str, tuple[int, int]] = {}
+
+    def stop_on_agents(self, names: Sequence[str], snapshot: str) -> None:
+        for node, instances in self.port.cluster.release(self.job_id, list(names)).items():
+            targets = tuple((name, *self.incarnation[name]) for name in instances if name in self.incarnation)
+            if snapshot:
+                self.port.expect_dumps(snapshot, self.job_id, node)
+            self.port.send_command(StopInstances(node=node, job_id=self.job_id, action_id="stop",
+                                                 instances=tuple(instances), grace_s=self.spec.stop_grace_s,
+                                                 incarnations=targets, snapshot_report=snapshot))
+
+    def stop_all(self, snapshot: str = "") -> None:
+        self.stop(self.instance_names, snapshot)
+
+    def stop(self, names: Sequence[str], snapshot: str = "") -> None:
+        raise NotImplementedError
+
+
+class AgentsRuntime(ClusterJob):
+    capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.ISOLATE_NODE,
+                              Capability.STACK_DUMP})
+
+    def __init__(self, port: ClusterPort, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec],
+                 settings: JobSettings):
+        super().__init__(port, job_id, spec, instances, settings)
         self.waiting: list[tuple[str, int, int]] = []  # starts waiting for a free slot
 
     def start(self, name: str, round_: int, start: int) -> None:
@@ -75,16 +102,7 @@ class AgentsRuntime:
 
     def stop(self, names: Sequence[str], snapshot: str = "") -> None:
         self.waiting = [w for w in self.waiting if w[0] not in names]
-        for node, instances in self.port.cluster.release(self.job_id, list(names)).items():
-            targets = tuple((name, *self.incarnation[name]) for name in instances if name in self.incarnation)
-            if snapshot:
-                self.port.expect_dumps(snapshot, self.job_id, node)
-            self.port.send_command(StopInstances(node=node, job_id=self.job_id, action_id="stop",
-                                                 instances=tuple(instances), grace_s=self.spec.stop_grace_s,
-                                                 incarnations=targets, snapshot_report=snapshot))
-
-    def stop_all(self, snapshot: str = "") -> None:
-        self.stop(self.instance_names, snapshot)
+        self.stop_on_agents(names, snapshot)
 
     def isolate_node(self, node: str, reason: str) -> None:
         self.port.isolate(node, True, reason)

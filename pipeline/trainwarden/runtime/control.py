@@ -108,6 +108,12 @@ class ControlServer:
             self._tokens[token] = incarnation
         return token
 
+    def accept_token(self, token: str, incarnation: Incarnation) -> None:
+        """A token issued elsewhere (the actuator, for a Slurm task) that this
+        endpoint now takes for that incarnation."""
+        with self._lock:
+            self._tokens[token] = incarnation
+
     def revoke(self, token: str) -> None:
         with self._lock:
             self._tokens.pop(token, None)

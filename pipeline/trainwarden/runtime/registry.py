@@ -3,6 +3,7 @@ what each can do, and which command takes it.
 
     local   processes on this machine            trainwarden run
     agents  Trainwarden's node agents over Kafka  trainwarden submit
+    slurm   a Slurm cluster (agents on its nodes) trainwarden submit --runtime slurm
 """
 
 from __future__ import annotations
@@ -24,15 +25,18 @@ def _kinds() -> tuple[RuntimeKind, ...]:
     # The declarations live on the runtime classes; the registry only names them.
     from trainwarden.runtime.agents import AgentsRuntime
     from trainwarden.runtime.launcher import LocalJobRunner
+    from trainwarden.runtime.slurm.runtime import SlurmRuntime
 
     return (
         RuntimeKind("local", "processes on this machine", "trainwarden run", LocalJobRunner.capabilities),
         RuntimeKind("agents", "Trainwarden's node agents, over Kafka", "trainwarden submit",
                     AgentsRuntime.capabilities),
+        RuntimeKind("slurm", "a Slurm cluster: steps in an allocation, agents on its nodes",
+                    "trainwarden submit --runtime slurm", SlurmRuntime.capabilities),
     )
 
 
-NAMES = ("local", "agents")
+NAMES = ("local", "agents", "slurm")
 
 
 class UnknownRuntime(ValueError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from trainwarden.bus import (
     ACTUATOR_STATE,
@@ -44,6 +44,10 @@ from trainwarden.events import Decision, DecisionKind, InstanceSpec, JobSpec, No
 from trainwarden.runtime.agents import AgentsRuntime, UnplacedRuntime
 from trainwarden.runtime.clock import now as clock_now
 from trainwarden.runtime.nodes import Cluster, NodeStatus
+from trainwarden.runtime.slurm.cli import SlurmError
+from trainwarden.runtime.slurm.parse import NodeState as SlurmNodeState
+from trainwarden.runtime.slurm.runtime import REASON_PREFIX as SLURM_REASON
+from trainwarden.runtime.slurm.runtime import SlurmRuntime, SlurmSite
 from trainwarden.settings import JobSettings, SettingsError, parse_args_string
 from trainwarden.store.base import StoreError
 from trainwarden.store.records import DeadLetter, NodeEventRecord
@@ -68,12 +72,16 @@ class ActuatorCounters:
     nodes_lost: int = 0
     dead_letters: int = 0
     history_errors: int = 0
+    slurm_errors: int = 0
 
 
 class ActuatorService:
     def __init__(self, bus: Bus, history, node_timeout_s: float = NODE_TIMEOUT_S,
-                 clock: Callable[[], float] = clock_now, group: str = GROUP):
+                 clock: Callable[[], float] = clock_now, group: str = GROUP, slurm: Optional[SlurmSite] = None,
+                 say: Callable[[str], None] = lambda text: None):
         self.history = history
+        self.slurm = slurm
+        self.say = say
         self.clock = clock
         self.counters = ActuatorCounters()
         self.cluster = Cluster(node_timeout_s)
@@ -105,7 +113,7 @@ class ActuatorService:
         for record in read_to_end(self.state_reader):
             self._state_record(record)
 
-    def _state_record(self, record: Message) -> None:
+    def _state_record(self, record: Message, live: bool = False) -> None:
         try:
             message = decode(ACTUATOR_STATE, record.value)
         except DecodeError as exc:
@@ -123,7 +131,24 @@ class ActuatorService:
                 # A loss is an observation, not an operator's or a rule's word on
                 # isolation: an isolated node that is lost comes back isolated.
                 self.cluster.set_isolated(message.node, message.state == NodeStatus.ISOLATED.value, message.reason)
+                if live and self.slurm is not None:
+                    self._slurm_node(message)
             self._record_node_event(message)
+
+    def _slurm_node(self, message: NodeState) -> None:
+        """An isolation or uncordon (a rule's or an operator's) of a Slurm node is done in Slurm too."""
+        cli = self.slurm.cli
+        try:
+            node = cli.node(message.node)
+            if node is None:
+                return  # not a Slurm node
+            drained = node.drain or node.state in (SlurmNodeState.DRAINED, SlurmNodeState.DRAINING)
+            if message.state == NodeStatus.ISOLATED.value and not drained:
+                cli.drain(message.node, f"{SLURM_REASON}: {message.reason or 'isolated'}")
+            elif message.state == NodeStatus.READY.value and drained and node.reason.startswith(SLURM_REASON):
+                cli.resume(message.node)  # only what Trainwarden drained
+        except SlurmError as exc:
+            self.slurm_error("", str(exc))
 
     def _job(self, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec], args: str,
              submitted_at: float) -> Supervisor:
@@ -132,7 +157,13 @@ class ActuatorService:
                 settings = parse_args_string(args)
             except SettingsError:
                 settings = JobSettings()
-            runtime = AgentsRuntime(self, job_id, spec, instances, settings)
+            if spec.runtime == "slurm" and self.slurm is not None:
+                runtime = SlurmRuntime(self, job_id, spec, instances, settings, self.slurm)
+            else:
+                if spec.runtime == "slurm":
+                    self.say(f"job {job_id} asks for Slurm, but this actuator has none (--slurm-dir); "
+                             "it runs on the agents")
+                runtime = AgentsRuntime(self, job_id, spec, instances, settings)
             facts = JobFacts(job_id=job_id, submitted_at=submitted_at, framework="", args=args,
                              instances=len(instances), node_name="")
             self.jobs[job_id] = Supervisor(runtime, self.history, self.reports, facts, node="", clock=self.clock,
@@ -147,6 +178,16 @@ class ActuatorService:
     def no_capacity(self) -> None:
         self.counters.waiting_for_capacity += 1
 
+    def node_lost(self, job_id: str, node: str, instances: Sequence[str]) -> None:
+        """The job's engine hears that a node holding these instances is gone (Slurm says it is down)."""
+        self.counters.nodes_lost += 1
+        self.producer.send(EVENTS, job_id, encode(NodeLost(job_id=job_id, time=self.clock(), node=node,
+                                                           instances=tuple(instances))))
+
+    def slurm_error(self, job_id: str, text: str) -> None:
+        self.counters.slurm_errors += 1
+        self.say(f"job {job_id}: {text}")
+
     # ------------------------------------------------------------ the loop
 
     def run_once(self, timeout_s: float = 0.1) -> None:
@@ -156,7 +197,7 @@ class ActuatorService:
                                                                     address=self.probe_id)))
             self._probe_sent = now
         for record in self.state_reader.poll(0.0, max_records=5000):
-            self._state_record(record)  # operators' isolate/uncordon
+            self._state_record(record, live=True)  # operators' isolate/uncordon
         for record in self.heartbeats.poll(0.0, max_records=5000):
             self._heartbeat(record)
         self._expire_nodes()
@@ -283,6 +324,9 @@ class ActuatorService:
                 entry.runtime.incarnation[item.instance] = expected = (item.round, item.start)
                 self.cluster.placement.setdefault(item.job_id, {})[item.instance] = beat.node
             placed = self.cluster.placement.get(item.job_id, {}).get(item.instance)
+            if entry is not None and expected == (item.round, item.start) and isinstance(entry.runtime, SlurmRuntime):
+                # Slurm placed it: where its agent says it runs is where it is.
+                self.cluster.placement.setdefault(item.job_id, {})[item.instance] = placed = beat.node
             if expected == (item.round, item.start) and placed == beat.node:
                 entry.mark_running(item.instance, item.round, item.start, beat.time)
                 continue

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 from trainwarden.bus import COMMANDS, DEAD_LETTERS, EVENTS, LOGS, NODES, PREFIX, Bus, BusError, Message
 from trainwarden.bus.messages import (
     DeadLetterMessage,
+    ExpectTasks,
     Heartbeat,
     Line,
     LogBatch,
@@ -40,6 +41,7 @@ from trainwarden.runtime.control import ControlServer, Incarnation, PendingReply
 from trainwarden.runtime.environment import instance_env, sdk_import_dir
 from trainwarden.runtime.inbox import Inbox
 from trainwarden.runtime.local import LocalRuntime
+from trainwarden.runtime.slurm.adopt import SlurmTasks
 
 TAIL_LINES = 500
 BATCH_S = 0.2
@@ -62,6 +64,7 @@ class _Running:
     tail: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     batch: list = dataclasses.field(default_factory=list)
     files: dict = dataclasses.field(default_factory=dict)
+    adopted: bool = False  # a Slurm task this agent follows, not a process it started
 
 
 @dataclasses.dataclass
@@ -76,7 +79,8 @@ class AgentCounters:
 
 class Agent:
     def __init__(self, bus: Bus, node: str, slots: int, log_dir: Path, address: str = "",
-                 clock: Callable[[], float] = clock_now, ship_logs: bool = True, c4d_log: Optional[Path] = None):
+                 clock: Callable[[], float] = clock_now, ship_logs: bool = True, c4d_log: Optional[Path] = None,
+                 slurm_dir: Optional[Path] = None):
         self.node = node
         # False when Vector ships the log files: every line would arrive twice.
         self.ship_logs = ship_logs
@@ -104,6 +108,8 @@ class Agent:
         self._stoppers: list[threading.Thread] = []
         self._deferred: list = []  # (stopper thread, start) waiting for a stop to finish
         self._stopping: dict[tuple[str, str], tuple[tuple[int, int], threading.Thread]] = {}
+        # On a Slurm node: the tasks Slurm starts here, followed like our own instances.
+        self.slurm = SlurmTasks(slurm_dir, node, clock, self.control.address) if slurm_dir else None
 
     # ------------------------------------------------------------ the loop
 
@@ -118,6 +124,12 @@ class Agent:
         commands = self.consumer.poll(timeout_s, max_records=100)
         for record in commands:
             self._command(record)
+        if self.slurm is not None:
+            for item in self.slurm.poll():
+                if isinstance(item, tuple):
+                    self._adopt(item[1])
+                else:
+                    self._local(item)
         if self._deferred:
             ready = [d for d in self._deferred if not d[0].is_alive()]
             self._deferred = [d for d in self._deferred if d[0].is_alive()]
@@ -177,9 +189,13 @@ class Agent:
         except DecodeError as exc:
             self._dead_letter(record, str(exc))
             return
-        if command.node != self.node:
+        if command.node != self.node and not (command.node == "*" and isinstance(command, ExpectTasks)):
             return
         self.counters.commands += 1
+        if isinstance(command, ExpectTasks):
+            if self.slurm is not None:
+                self.slurm.expect(command.job_id, command.incarnations)
+            return
         if isinstance(command, StartInstance):
             age = self.clock() - record.timestamp_ms / 1000 if record.timestamp_ms else 0.0
             if age > COMMAND_TTL_S:
@@ -233,9 +249,10 @@ class Agent:
 
     def _stop(self, command: StopInstances) -> None:
         runtime = self.runtimes.get(command.job_id)
-        if runtime is None:
+        adopted = [name for (job_id, name), r in self.running.items() if job_id == command.job_id and r.adopted]
+        if runtime is None and not adopted:
             return
-        names = list(command.instances) or runtime.running()
+        names = list(command.instances) or [*(runtime.running() if runtime else ()), *adopted]
         if command.incarnations:
             targets = {name: (round_, start) for name, round_, start in command.incarnations}
         else:
@@ -268,7 +285,7 @@ class Agent:
         for name, incarnation in targets.items():
             self._stopping[(command.job_id, name)] = (incarnation, thread)
 
-    def _dump_then_stop(self, runtime: LocalRuntime, command: StopInstances, names: list,
+    def _dump_then_stop(self, runtime: Optional[LocalRuntime], command: StopInstances, names: list,
                         targets: dict, tokens: dict) -> None:
         if command.snapshot_report:
             tools, timeout = configured()
@@ -282,7 +299,25 @@ class Agent:
                     dumps_json=dumps_to_json(dumps), missing=tuple(missing))))
             except BusError:
                 pass  # the report will say this node's dumps are missing
-        runtime.stop(names, command.grace_s, targets)
+        tasks = {name: r.pid for name in names if (r := self.running.get((command.job_id, name))) is not None
+                 and r.adopted and (r.round, r.start) == targets.get(name)}
+        if tasks and self.slurm is not None:
+            self.slurm.stop(list(tasks.values()), command.grace_s)
+        own = [name for name in names if name not in tasks]
+        if own and runtime is not None:
+            runtime.stop(own, command.grace_s, targets)
+
+    def _adopt(self, adopted) -> None:
+        """A Slurm task announced by the actuator started here: one of our instances from now on."""
+        inc = adopted.incarnation
+        key = (inc.job_id, inc.instance)
+        current = self.running.get(key)
+        if current is not None:
+            self.retiring[(current.job_id, current.instance, current.round, current.start)] = current
+        self.control.accept_token(adopted.token, inc)
+        self.running[key] = _Running(inc.job_id, inc.instance, inc.round, inc.start, pid=adopted.pid,
+                                     token=adopted.token, last_output=self.clock(), adopted=True)
+        self.counters.starts += 1
 
     # ------------------------------------------------------ local events
 

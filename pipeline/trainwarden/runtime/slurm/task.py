@@ -149,7 +149,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         job_id = _int_var(environ, "SLURM_JOB_ID")
         step_id = _int_var(environ, "SLURM_STEP_ID", _int_var(environ, "SLURM_STEPID", 0))
         task_id = _int_var(environ, "SLURM_PROCID")
-        restart = _int_var(environ, "SLURM_RESTART_COUNT", 0)
+        # A step srun starts from outside the batch script does not get
+        # SLURM_RESTART_COUNT: the plan says how often the job was requeued,
+        # or a requeued job's step 0 would overwrite the first run's manifests.
+        restart = _int_var(environ, "SLURM_RESTART_COUNT", int(plan.get("restart", 0)))
         master_addr = plan.get("master_addr") or first_node_addr(environ)
         torch_env = torch_env_from_slurm(environ, master_addr, int(plan.get("master_port", 29500)))
     except (PlanError, ValueError) as e:

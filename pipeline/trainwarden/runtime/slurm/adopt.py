@@ -1,0 +1,148 @@
+"""A node agent's side of the ``slurm`` runtime: the tasks Slurm started on
+this node become the agent's instances.
+
+Slurm, not the agent, starts them (``runtime/slurm/task.py`` under srun);
+the agent follows their manifests and output files (``files.TaskFiles``)
+and turns them into the same events as its own instances: started, lines,
+exited. An incarnation is only adopted when the actuator announced it
+(``ExpectTasks``): the token in the task's environment must hash to one the
+actuator issued for that job, so a process cannot pass itself off as
+another job's instance by writing a manifest. The SDK endpoint then accepts
+that token for that incarnation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from trainwarden.events import InstanceExited, InstanceStarted, LogLine, Stream
+from trainwarden.runtime.control import Incarnation
+from trainwarden.runtime.slurm.files import TaskExited, TaskFiles, TaskKey, TaskLines, TaskStarted
+
+# A task can start before its announcement arrives (the bus and the
+# manifest directory race); after this long it is not ours to follow.
+UNANNOUNCED_S = 30.0
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def address_file(control_dir: Path, node: str) -> Path:
+    """Where a node's agent says where its SDK endpoint listens (task.py reads it)."""
+    return Path(control_dir) / f"{node}.address"
+
+
+@dataclasses.dataclass
+class Adopted:
+    incarnation: Incarnation
+    token: str
+    pid: int
+    key: TaskKey
+
+
+class SlurmTasks:
+    def __init__(self, directory: Path, node: str, clock: Callable[[], float], control_address: str):
+        self.directory = Path(directory)
+        self.files = TaskFiles(self.directory / "manifests", node)
+        self.clock = clock
+        self.node = node
+        self.expected: dict[str, Incarnation] = {}  # token digest -> incarnation the actuator issued
+        self.adopted: dict[TaskKey, Adopted] = {}
+        self._waiting: list[tuple[float, TaskStarted]] = []
+        self.refused = 0
+        path = address_file(self.directory / "control", node)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(control_address)
+        tmp.replace(path)
+
+    def expect(self, job_id: str, incarnations) -> None:
+        for instance, round_, start, digest in incarnations:
+            self.expected[digest] = Incarnation(job_id, instance, round_, start)
+
+    def poll(self) -> list:
+        """Events for the agent: ("adopt", Adopted) first, then InstanceStarted,
+        LogLine and InstanceExited as its own instances would give them."""
+        out: list = []
+        now = self.clock()
+        retry, self._waiting = self._waiting, []
+        for since, started in retry:
+            self._start(started, since, now, out)
+        for event in self.files.poll():
+            if isinstance(event, TaskStarted):
+                self._start(event, now, now, out)
+                continue
+            adopted = self.adopted.get(event.key)
+            if adopted is None:
+                continue  # not announced: not followed
+            inc = adopted.incarnation
+            if isinstance(event, TaskLines):
+                out.extend(LogLine(job_id=inc.job_id, time=now, instance=inc.instance, round=inc.round,
+                                   start=inc.start, text=text, stream=Stream.STDOUT) for text in event.lines)
+            elif isinstance(event, TaskExited):
+                del self.adopted[event.key]
+                out.append(InstanceExited(job_id=inc.job_id, time=now, instance=inc.instance, round=inc.round,
+                                          start=inc.start, exit_code=event.shell_code))
+        return out
+
+    def _start(self, started: TaskStarted, since: float, now: float, out: list) -> None:
+        token = _token_of(started.pid) if started.pid else None
+        incarnation = self.expected.get(token_digest(token)) if token else None
+        if incarnation is None or incarnation.instance != started.instance:
+            if now - since < UNANNOUNCED_S and started.key not in self.adopted:
+                self._waiting.append((since, started))
+            else:
+                self.refused += 1
+            return
+        adopted = self.adopted[started.key] = Adopted(incarnation, token, started.pid or 0, started.key)
+        out.append(("adopt", adopted))
+        out.append(InstanceStarted(job_id=incarnation.job_id, time=now, instance=incarnation.instance,
+                                   round=incarnation.round, start=incarnation.start, node=self.node,
+                                   pid=started.pid or 0))
+
+    def stop(self, pids: list[int], grace_s: float) -> None:
+        """SIGTERM to each task's process group, SIGKILL to what is left after the grace period."""
+        for pid in pids:
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.05)
+        for pid in pids:
+            if _alive(pid):
+                _signal_group(pid, signal.SIGKILL)
+
+
+def _token_of(pid: int) -> Optional[str]:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    for item in environ.split(b"\0"):
+        if item.startswith(b"TRAINWARDEN_TOKEN="):
+            return item.split(b"=", 1)[1].decode("utf-8", errors="replace")
+    return None
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # task.py starts the command in a group of its own
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

@@ -1,0 +1,233 @@
+"""The ``slurm`` runtime: one job's instances as the tasks of Slurm steps.
+
+The job holds one allocation (a holder batch job, ``--requeue``, one node
+per instance). Each round is one step in it: one task per instance, run by
+``task.py`` with the plan this runtime writes (commands, and the environment
+every runtime builds), torchrun's variables taken from Slurm's. The node
+agents adopt the tasks Slurm put on their nodes (``adopt.py``): they ship
+the output, report exits, serve the SDK, dump stacks and stop the tasks, as
+for their own instances.
+
+- Restarting the job is a new step in the same allocation while it still
+  holds; when it holds a node Trainwarden isolated, the allocation is
+  requeued with that node excluded and started at once.
+- Isolating a node drains it (``Reason`` says why, from Trainwarden); the
+  next round excludes it. ``trainwarden nodes uncordon`` resumes it.
+- A node Slurm reports down while it holds the job's tasks is node loss.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from trainwarden.bus.messages import ExpectTasks
+from trainwarden.diagnose.collect import DEFAULT_TIMEOUT_S
+from trainwarden.events import InstanceSpec, JobSpec
+from trainwarden.runtime.agents import ClusterJob, ClusterPort
+from trainwarden.runtime.base import Capability
+from trainwarden.runtime.environment import instance_env, job_env, sdk_import_dir
+from trainwarden.runtime.nodes import master_port
+from trainwarden.runtime.slurm.adopt import token_digest
+from trainwarden.runtime.slurm.cli import SlurmCli, SlurmError
+from trainwarden.runtime.slurm.parse import JobState, NodeState
+from trainwarden.settings import JobSettings
+
+NODES_EVERY_S = 2.0
+REASON_PREFIX = "Trainwarden"
+
+
+class SlurmSite:
+    """Where this actuator reaches Slurm: its CLI and the shared directory
+    (plans, task manifests, output files, the agents' SDK addresses)."""
+
+    def __init__(self, cli: SlurmCli, directory: Path):
+        self.cli = cli
+        self.directory = Path(directory)
+
+
+class SlurmRuntime(ClusterJob):
+    capabilities = frozenset({Capability.RESTART_JOB, Capability.ISOLATE_NODE, Capability.STACK_DUMP})
+
+    def __init__(self, port: ClusterPort, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec],
+                 settings: JobSettings, site: SlurmSite):
+        super().__init__(port, job_id, spec, instances, settings)
+        self.slurm = site.cli
+        self.pending: dict[str, tuple[int, int]] = {}  # starts asked for, not launched yet
+        self.excluded: set[str] = set()  # isolated by Trainwarden: drained
+        self.down: set[str] = set()  # Slurm says down or not responding: avoided while it lasts
+        self.allocation: Optional[int] = None
+        self.steps: list[tuple[float, subprocess.Popen]] = []  # srun clients, with when they were asked to end
+        self.reported_down: set[str] = set()
+        self.errors = 0
+        self.last_error = ""
+        self._next_nodes = 0.0
+        self.directory = site.directory / job_id
+        self.outputs = site.directory / "outputs"
+        self.manifests = site.directory / "manifests"
+        self.control_dir = site.directory / "control"
+        for path in (self.directory, self.outputs, self.manifests, self.control_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        self.sdk_path = sdk_import_dir(site.directory / "sdk")
+
+    # ------------------------------------------------------------ protocol
+
+    def start(self, name: str, round_: int, start: int) -> None:
+        self.incarnation[name] = (round_, start)
+        self.pending[name] = (round_, start)
+        self._try_launch()
+
+    def stop(self, names: Sequence[str], snapshot: str = "") -> None:
+        for name in names:
+            self.pending.pop(name, None)
+        self.stop_on_agents(names, snapshot)
+        # The agents stop what they adopted; a step that outlives that (a task
+        # never adopted, an agent gone) is ended through Slurm.
+        now = self.port.clock()
+        self.steps = [(asked or now, proc) for asked, proc in self.steps]
+
+    def isolate_node(self, node: str, reason: str) -> None:
+        self.slurm.drain(node, f"{REASON_PREFIX}: {reason}")
+        self.excluded.add(node)
+        self.port.isolate(node, True, reason)
+
+    def preempt(self, notice_s: float) -> None:
+        raise NotImplementedError("Slurm's own preemption is not driven from here")  # not in capabilities
+
+    def retry_waiting(self) -> None:
+        """Each turn of the actuator's loop: watch the nodes, launch what
+        waits, end steps that outlived their stop."""
+        now = self.port.clock()
+        if now >= self._next_nodes:
+            self._next_nodes = now + NODES_EVERY_S
+            self._watch_nodes()
+        self._try_launch()
+        self._end_late_steps()
+
+    def finish(self) -> None:
+        self.pending.clear()
+        for _, proc in self.steps:
+            if proc.poll() is None:
+                proc.kill()
+        self.steps = []
+        if self.allocation is not None:
+            self._call(self.slurm.cancel, self.allocation)
+            self.allocation = None
+
+    # ------------------------------------------------------------ launching
+
+    def _try_launch(self) -> None:
+        # One step runs every instance: wait until each has been asked for.
+        if not self.pending or set(self.pending) != set(self.instance_names):
+            return
+        job = self._allocation_ready()
+        if job is None:
+            return
+        self._launch(job)
+
+    def _allocation_ready(self):
+        """The allocation, when it runs on nodes none of which is excluded; else None (and the step towards it)."""
+        avoid = sorted(self.excluded | self.down)
+        if self.allocation is None:
+            self.allocation = self._call(self.slurm.allocate, f"tw-{self.job_id}", len(self.instance_names),
+                                         exclude=avoid, output_dir=self.outputs)
+            return None
+        job = self._call(self.slurm.job, self.allocation)
+        if job is None or job.state.finished and job.state not in (JobState.REQUEUED,):
+            self.allocation = None  # gone (cancelled, failed): a new one next turn
+            return None
+        if job.state is JobState.RUNNING:
+            if set(job.nodes) & set(avoid):
+                # A new step would land on a node to avoid: a new allocation, at once.
+                self._call(self.slurm.requeue_now, self.allocation, exclude=avoid)
+                return None
+            return job
+        if job.state in (JobState.PENDING, JobState.REQUEUED) and "BeginTime" in job.reason:
+            # Slurm's own requeue (a node failed) holds the job for about 120 s.
+            self._call(self.slurm.run, ["scontrol", "update", f"jobid={self.allocation}", "StartTime=now"])
+        return None
+
+    def _launch(self, job) -> None:
+        launch, self.pending = dict(self.pending), {}
+        round_ = max(r for r, _ in launch.values())
+        plan_instances, announced = [], []
+        for name in self.instance_names:
+            spec = self.specs[name]
+            inc_round, start = launch[name]
+            token = secrets.token_urlsafe(24)
+            role = self.spec.role(spec.role)
+            env = instance_env(
+                base={}, job_id=self.job_id, spec=spec, world_size=len(self.specs), round_=inc_round, start=start,
+                max_restarts=self.settings.max_num_of_job_restart, master_addr="", master_port=0,
+                control_address="", token=token, sdk_path=self.sdk_path,
+                extra=job_env(self.spec, role, self.settings), node="")
+            # Slurm's and the node's: task.py sets them (torchrun's from Slurm's, the agent's SDK address).
+            for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                        "MASTER_PORT", "TRAINWARDEN_NODE", "TRAINWARDEN_CONTROL"):
+                env.pop(key, None)
+            command = list(role.command)
+            if self.spec.workdir:
+                command = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', self.spec.workdir, *command]
+            plan_instances.append({"name": name, "command": command, "env": env})
+            announced.append((name, inc_round, start, token_digest(token)))
+        plan = {"instances": plan_instances, "master_addr": None, "master_port": master_port(self.job_id, round_),
+                "manifest_dir": str(self.manifests), "output_dir": str(self.outputs),
+                "control_dir": str(self.control_dir), "restart": job.restarts}
+        path = self.directory / f"plan-r{round_}-{int(time.time() * 1000)}.json"
+        path.write_text(json.dumps(plan))
+        # Announced first: an agent adopts a task only for a token it was told of.
+        self.port.send_command(ExpectTasks(node="*", job_id=self.job_id, slurm_job=job.job_id,
+                                           incarnations=tuple(announced)))
+        proc = self._call(self.slurm.launch_step, job.job_id, len(plan_instances),
+                          [sys.executable, "-m", "trainwarden.runtime.slurm.task", str(path)],
+                          output_dir=self.outputs, name=f"tw-{self.job_id}-r{round_}")
+        if proc is None:
+            self.pending = launch  # tried again next turn
+        else:
+            self.steps.append((0.0, proc))
+
+    def _end_late_steps(self) -> None:
+        late_after = self.spec.stop_grace_s + DEFAULT_TIMEOUT_S + 10.0
+        now = self.port.clock()
+        kept = []
+        for asked, proc in self.steps:
+            if proc.poll() is not None:
+                continue
+            if asked and now - asked > late_after:
+                proc.kill()  # srun gone: Slurm ends the step
+                continue
+            kept.append((asked, proc))
+        self.steps = kept
+
+    # ------------------------------------------------------------ nodes
+
+    def _watch_nodes(self) -> None:
+        placed = self.port.cluster.placement.get(self.job_id, {})
+        nodes = self._call(self.slurm.nodes)
+        for node in nodes or ():
+            down = node.state in (NodeState.DOWN, NodeState.FAIL) or node.not_responding
+            if down:
+                self.down.add(node.name)
+            else:
+                self.down.discard(node.name)
+            on_it = sorted(name for name, where in placed.items() if where == node.name)
+            if down and on_it and node.name not in self.reported_down:
+                self.reported_down.add(node.name)
+                self.port.node_lost(self.job_id, node.name, on_it)
+            elif not down:
+                self.reported_down.discard(node.name)
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SlurmError as exc:
+            # Slurm's controller restarting, a command timing out: said, and tried again next turn.
+            self.errors += 1
+            self.last_error = str(exc)
+            self.port.slurm_error(self.job_id, str(exc))
+            return None
