@@ -42,6 +42,7 @@ class Outcome:
     stacks: list[dict]
     diagnoses: list[dict]
     jobs: list[dict]
+    dead_letters: list[dict]
     log_files: list[Path]  # the per-instance files the runtime keeps (none for local)
 
     @property
@@ -174,4 +175,5 @@ def _history(runtime: str, store: Path, job_id: str, final, lines, files) -> Out
         diagnoses = reader.select("SELECT * FROM diagnoses FINAL WHERE job_id = {job_id:String} ORDER BY time",
                                   where)
         jobs = reader.jobs(job_id)
-    return Outcome(runtime, final, lines, faults, stacks, diagnoses, jobs, files)
+        letters = reader.dead_letters(limit=1000)
+    return Outcome(runtime, final, lines, faults, stacks, diagnoses, jobs, letters, files)

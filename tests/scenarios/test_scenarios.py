@@ -133,3 +133,42 @@ def test_a_nan_message_through_the_sdk_is_recorded_as_a_notification(runtime, tm
     [record] = _done(outcome)
     assert record["action"] == "notify" and record["error_message"] == "The training loss of the job is NaN."
     _same_rows_everywhere("nan message", runtime, outcome.rows())
+
+
+def test_an_sdk_request_with_a_forged_token_is_refused_and_kept_as_a_dead_letter(runtime, tmp_path, job_id):
+    outcome = run(runtime, tmp_path, job(job_id, tmp_path, "", "--forge", "--steps", "3"))
+    assert outcome.succeeded, outcome.texts()
+    [said] = [t for t in outcome.texts("worker-0") if t.startswith("forged: ")]
+    assert '"ok":false' in said.replace(" ", ""), said
+    assert _done(outcome) == []  # nothing was decided on it
+    [letter] = [d for d in outcome.dead_letters if "sdk" in d["source"]]
+    # Kept without its payload: a token, even a stale one, is not written down.
+    assert letter["error"] == "unknown or expired token", letter
+
+
+def test_an_engine_error_fails_the_job_saying_so_and_keeps_the_event(runtime, tmp_path, job_id, monkeypatch):
+    from trainwarden.events import InstanceExited
+    from trainwarden.supervision import intake
+
+    real_step = intake.step
+
+    def broken_step(state, event, now):
+        if isinstance(event, InstanceExited):
+            raise RuntimeError("simulated engine bug")
+        return real_step(state, event, now)
+
+    # The one intake every runtime steps the engine through (in this process: run, or the processor).
+    monkeypatch.setattr(intake, "step", broken_step)
+    outcome = run(runtime, tmp_path, job(job_id, tmp_path, "--enable-job-restart=True", "--fail-rank", "1",
+                                         "--fail-at-step", "1", "--fail-message", NCCL, "--steps", "30"))
+    assert outcome.final is not None and outcome.final.reason.value == "engine_error", outcome.final
+    [record] = _done(outcome)
+    assert (record["action"], record["reason"]) == ("fail_job", "engine_error")
+    # Every event the engine could not take is kept (on a cluster the other
+    # instance's exit after the stop meets the same bug, and is kept too).
+    letters = [d for d in outcome.dead_letters if d["source"].endswith("engine")]
+    assert letters and all("simulated engine bug" in d["error"] and "InstanceExited" in d["payload"]
+                           for d in letters), letters
+    [job_row] = outcome.jobs
+    assert job_row["status"] == "failed" and job_row["reason"] == "engine_error"
+    _same_rows_everywhere("engine error", runtime, outcome.rows())

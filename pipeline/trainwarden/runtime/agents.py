@@ -62,6 +62,22 @@ class ClusterJob:
     def stop(self, names: Sequence[str], snapshot: str = "") -> None:
         raise NotImplementedError
 
+    def heard(self, instance: str, round_: int, start: int, node: str) -> bool:
+        """A node's heartbeat says this incarnation runs there: True when that
+        is where it should run (it is running), False when it must be stopped."""
+        placement = self.port.cluster.placement.setdefault(self.job_id, {})
+        if instance not in self.incarnation:
+            # A restarted actuator learns where its jobs run from the agents.
+            self.incarnation[instance] = (round_, start)
+            placement[instance] = node
+        if self.incarnation[instance] != (round_, start):
+            return False
+        if self.places_itself:
+            placement[instance] = node  # the scheduler placed it: where it runs is where it is
+        return placement.get(instance) == node
+
+    places_itself = False  # True where a scheduler, not the actuator, picks the nodes
+
 
 class AgentsRuntime(ClusterJob):
     capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.ISOLATE_NODE,

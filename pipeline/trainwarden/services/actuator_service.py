@@ -318,16 +318,7 @@ class ActuatorService:
         """Mark restarted instances running; stop what should not run there."""
         for item in beat.running:
             entry = self.jobs.get(item.job_id)
-            expected = entry.runtime.incarnation.get(item.instance) if entry else None
-            if entry is not None and expected is None:
-                # A restarted actuator learns where its jobs run from the agents.
-                entry.runtime.incarnation[item.instance] = expected = (item.round, item.start)
-                self.cluster.placement.setdefault(item.job_id, {})[item.instance] = beat.node
-            placed = self.cluster.placement.get(item.job_id, {}).get(item.instance)
-            if entry is not None and expected == (item.round, item.start) and isinstance(entry.runtime, SlurmRuntime):
-                # Slurm placed it: where its agent says it runs is where it is.
-                self.cluster.placement.setdefault(item.job_id, {})[item.instance] = placed = beat.node
-            if expected == (item.round, item.start) and placed == beat.node:
+            if entry is not None and entry.runtime.heard(item.instance, item.round, item.start, beat.node):
                 entry.mark_running(item.instance, item.round, item.start, beat.time)
                 continue
             self.send_command(StopInstances(node=beat.node, job_id=item.job_id, action_id="reconcile",

@@ -113,13 +113,6 @@ class Agent:
 
     # ------------------------------------------------------------ the loop
 
-    def run(self, stop: Callable[[], bool]) -> None:
-        while not stop():
-            try:
-                self.run_once()
-            except BusError:
-                time.sleep(0.5)
-
     def run_once(self, timeout_s: float = 0.05) -> None:
         commands = self.consumer.poll(timeout_s, max_records=100)
         for record in commands:

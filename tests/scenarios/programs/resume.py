@@ -18,6 +18,18 @@ ROUND = int(os.environ.get("TRAINWARDEN_RESTART_ROUND", "0"))
 NAME = os.environ.get("TRAINWARDEN_INSTANCE", "?")
 
 
+def forge() -> str:
+    """What a job that tries to pass for another incarnation gets back."""
+    import socket
+
+    from trainwarden.sdk.protocol import encode_request
+
+    host, port = os.environ["TRAINWARDEN_CONTROL"].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(encode_request("not-a-token-anyone-issued", "custom_message", content="loss is nan"))
+        return conn.makefile("rb").readline().decode().strip()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=6)
@@ -31,6 +43,7 @@ def main() -> None:
     p.add_argument("--keyword", default="")
     p.add_argument("--message", default="")
     p.add_argument("--say", default="", help="rank 0 prints this at step 1, as its own output")
+    p.add_argument("--forge", action="store_true", help="rank 0 sends an SDK request with a made-up token")
     a = p.parse_args()
 
     directory = Path(os.environ["TRAINWARDEN_CHECKPOINT_DIR"]) / NAME
@@ -69,6 +82,8 @@ def main() -> None:
             time.sleep(600)
         if a.say and RANK == 0 and step == 1:
             print(a.say, flush=True)
+        if a.forge and RANK == 0 and step == 1:
+            print(f"forged: {forge()}", flush=True)
         if a.message and RANK == 0 and ROUND == 0 and step == a.fail_at_step:
             print(f"message {monitor.send_custom_message(content=a.message).to_string()}", flush=True)
         save(step)

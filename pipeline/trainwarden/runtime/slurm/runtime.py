@@ -53,6 +53,7 @@ class SlurmSite:
 
 class SlurmRuntime(ClusterJob):
     capabilities = frozenset({Capability.RESTART_JOB, Capability.ISOLATE_NODE, Capability.STACK_DUMP})
+    places_itself = True
 
     def __init__(self, port: ClusterPort, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec],
                  settings: JobSettings, site: SlurmSite):
