@@ -123,8 +123,14 @@ def test_allocate_launch_cancel_step_and_launch_again(cli, work):
 
     # a long step, stopped with SIGTERM (forwarded by task.py), then a new step in the same allocation
     long = launch(cli, job_id, work, SLEEP)
-    cli.wait_for(lambda: len([l for e in poll_all(files) if isinstance(e, TaskLines) for l in e.lines]) or None,
-                 20, what="the long step printing")
+    # Both tasks have their SIGTERM handler in place once both said so.
+    said: list[str] = []
+
+    def both_sleeping():
+        said.extend(line for e in poll_all(files) if isinstance(e, TaskLines) for line in e.lines)
+        return len([line for line in said if line.startswith("sleeping")]) >= 2 or None
+
+    cli.wait_for(both_sleeping, 20, what="both tasks of the long step printing")
     step = cli.wait_for(lambda: [s for s in cli.steps(job_id) if not s.special], 10, what="the long step listed")[0]
     assert step.step_id == 1 and step.state is JobState.RUNNING
     cli.cancel_steps(job_id, signal="TERM")
