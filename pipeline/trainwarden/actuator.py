@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import typing
 from typing import Callable, Optional, Protocol, Sequence
 
 import msgspec
 
 from trainwarden.engine.spot import SPOT_STATES
 from trainwarden.events import Decision, DecisionKind, ErrorSource, LogLine
-from trainwarden.runtime.base import Capability, JobRuntime
+from trainwarden.runtime.base import Capability, JobRuntime, NodeIsolation, Preemption
 from trainwarden.store.records import FaultRecord, FaultResult, RestartStages, SpotTransition
 
 # The decisions each capability carries out; a runtime without it records them as unsupported.
@@ -108,10 +109,10 @@ class Actuator:
             elif kind is DecisionKind.NOTIFY:
                 self._record(decision, FaultResult.DONE, 0.0)
             elif kind is DecisionKind.REQUEUE:
-                self.runtime.preempt(decision.notice_s)
+                typing.cast(Preemption, self.runtime).preempt(decision.notice_s)  # declared PREEMPT
                 self._record(decision, FaultResult.DONE, self.clock() - decision.detected_at)
             elif kind is DecisionKind.ISOLATE_NODE:
-                self.runtime.isolate_node(decision.node, decision.reason.value)
+                typing.cast(NodeIsolation, self.runtime).isolate_node(decision.node, decision.reason.value)
                 self._record(decision, FaultResult.DONE, self.clock() - decision.detected_at)
             else:
                 self._record(decision, FaultResult.UNSUPPORTED, 0.0)

@@ -57,10 +57,7 @@ class ClusterJob:
                                                  incarnations=targets, snapshot_report=snapshot))
 
     def stop_all(self, snapshot: str = "") -> None:
-        self.stop(self.instance_names, snapshot)
-
-    def stop(self, names: Sequence[str], snapshot: str = "") -> None:
-        raise NotImplementedError
+        self.stop(self.instance_names, snapshot)  # each runtime's own stop
 
     def heard(self, instance: str, round_: int, start: int, node: str) -> bool:
         """A node's heartbeat says this incarnation runs there: True when that
@@ -123,9 +120,6 @@ class AgentsRuntime(ClusterJob):
     def isolate_node(self, node: str, reason: str) -> None:
         self.port.isolate(node, True, reason)
 
-    def preempt(self, notice_s: float) -> None:
-        raise NotImplementedError("the agents have no market")  # not in capabilities
-
     def finish(self) -> None:
         self.waiting = []
 
@@ -151,6 +145,3 @@ class UnplacedRuntime:
 
     def isolate_node(self, node: str, reason: str) -> None:
         self.port.isolate(node, True, reason)
-
-    def preempt(self, notice_s: float) -> None:
-        pass

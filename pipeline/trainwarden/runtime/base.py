@@ -3,7 +3,9 @@ machine, Trainwarden's node agents, Slurm), as the actuator drives it.
 
 A runtime declares what it can do; the actuator asks the declaration, never
 the object (no ``hasattr``), and records a decision it cannot carry out as
-``unsupported``.
+``unsupported``. A runtime has the methods of the capabilities it declares,
+and only those: ``isolate_node`` with ``ISOLATE_NODE`` (``NodeIsolation``),
+``preempt`` with ``PREEMPT`` (``Preemption``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ class JobRuntime(Protocol):
 
     def stop_all(self, snapshot: str = "") -> None: ...
 
+
+class NodeIsolation(Protocol):
+    """A runtime declaring ``Capability.ISOLATE_NODE``."""
+
     def isolate_node(self, node: str, reason: str) -> None: ...
+
+
+class Preemption(Protocol):
+    """A runtime declaring ``Capability.PREEMPT``."""
 
     def preempt(self, notice_s: float) -> None: ...

@@ -106,9 +106,6 @@ class LocalJobRunner:
             dumps, missing = [], [f"{self.node}: stack dump failed: {exc!r}"]
         self.reports.hand_in(self.node, self.job.job_id, snapshot, dumps, missing)
 
-    def isolate_node(self, node: str, reason: str) -> None:
-        raise NotImplementedError("one machine has no other node to move to")  # not in capabilities
-
     def preempt(self, notice_s: float) -> None:
         """The market took the instances back: without notice they die at
         once (SIGKILL); with notice they get SIGTERM and the notice period."""

@@ -97,9 +97,6 @@ class SlurmRuntime(ClusterJob):
         self.excluded.add(node)
         self.port.isolate(node, True, reason)
 
-    def preempt(self, notice_s: float) -> None:
-        raise NotImplementedError("Slurm's own preemption is not driven from here")  # not in capabilities
-
     def retry_waiting(self) -> None:
         """Each turn of the actuator's loop: watch the nodes, launch what
         waits, end steps that outlived their stop."""
