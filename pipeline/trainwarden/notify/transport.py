@@ -119,7 +119,8 @@ def attempt(method: str, url: str, headers: list[tuple[str, str]], body: bytes, 
     # The timeout bounds each read; this bounds the whole attempt, so a receiver
     # trickling its headers byte by byte cannot hold a delivery worker.
     budget_s = timeout_s * 2 + 1
-    watchdog = threading.Timer(budget_s, _abort, (connection,))
+    aborted = threading.Event()
+    watchdog = threading.Timer(budget_s, _abort, (connection, aborted))
     watchdog.daemon = True
     watchdog.start()
     try:
@@ -143,7 +144,9 @@ def attempt(method: str, url: str, headers: list[tuple[str, str]], body: bytes, 
     except (TimeoutError, socket.timeout):
         return Attempt("retry", latency_ms=took(), error=f"timed out after {timeout_s:g} s")
     except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
-        if not watchdog.is_alive():
+        # The flag, not the timer thread's liveness: that thread may still be
+        # running the abort when the worker's read fails.
+        if aborted.is_set():
             return Attempt("retry", latency_ms=took(), error=f"no complete answer within {budget_s:g} s")
         return Attempt("retry", latency_ms=took(), error=f"{type(exc).__name__}: {exc}")
     finally:
@@ -208,7 +211,8 @@ def _connection(scheme: str, host: str, port: int, address: str, timeout_s: floa
     return connection
 
 
-def _abort(connection: http.client.HTTPConnection) -> None:
+def _abort(connection: http.client.HTTPConnection, aborted: threading.Event) -> None:
+    aborted.set()
     sock = connection.sock
     if sock is not None:
         try:
