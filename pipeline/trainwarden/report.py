@@ -2,14 +2,27 @@
 
 The numbers come from the dashboards' queries (store/analytics.py), the page
 from a Jinja2 template (templates/report.html.j2) with inline SVG charts: the
-rounds as a timeline of stages, faults by source, and where the time went
-(goodput). No script, no external file: the page can be mailed or attached.
+rounds as a labelled timeline of stages with the faults on it, faults by
+source, and where the time went (goodput). No script, no external file: the
+page can be mailed or attached.
+
+What the page promises an operator, and the code keeps:
+- one count of faults everywhere: a fault is a record whose action stopped
+  (part of) the job, the same ``analytics.FAILURES`` the dashboards count;
+  other decisions (notifications, isolations) are listed apart;
+- a round is one incarnation of the whole job; a restart is the transition
+  between two rounds, never a round itself;
+- a colour means one thing on the whole page, and red means a fault;
+- "starting" is a restart's start-up (instances started, first line not yet
+  printed); "queued" is only ever a spot job's wait for capacity.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import datetime
+import math
 import time
 from pathlib import Path
 from typing import Sequence
@@ -20,9 +33,25 @@ from markupsafe import Markup, escape
 from trainwarden.store import analytics
 
 TEMPLATES = Path(__file__).with_name("templates")
-STAGE_COLOURS = {"running": "#3b9c5a", "detecting": "#d9822b", "stopping": "#c23b3b", "restarting": "#7a4fbf",
-                 "queued": "#2f7fc1", "succeeded": "#3b9c5a", "failed": "#8a1c1c"}
-SOURCE_COLOUR = "#4a6fa5"
+FAULT_ACTIONS = frozenset(ast.literal_eval(analytics.FAILURES))
+FAULT_COLOUR = "#d62728"
+END_COLOUR = "#333333"
+BOUNDARY_COLOUR = "#555555"
+STAGE_COLOURS = {
+    "running": "#3b9c5a", "detecting": "#e9b53b", "stopping": "#8d6e63", "restarting": "#7a4fbf",
+    "starting": "#3d8fd1", "queued": "#a3acb5",
+}
+STAGE_MEANING = {
+    "running": "the job's instances run",
+    "detecting": "from the fault's detection to the decision",
+    "stopping": "stopping the round's instances",
+    "restarting": "from stopped to the new round's instances started",
+    "starting": "from started to the first line of every instance",
+    "queued": "a spot job waiting for capacity",
+}
+# analytics' job_timeline calls a restart's start-up "queued"; on this page
+# that word is reserved for spot waits.
+_TIMELINE_STAGE = {"queued": "starting"}
 LIMIT = 5000
 
 
@@ -31,13 +60,30 @@ class NoSuchJob(LookupError):
 
 
 @dataclasses.dataclass
+class Round:
+    """One incarnation of the whole job: from its instances' start (the job's
+    submission for round 0) until they were stopped for a restart, or the end."""
+
+    number: int
+    start: float
+    end: float
+    ended_by: str  # "restart", or the job's status when it is the last round
+    restart: dict | None  # the job_rounds row of the restart that ended it
+    faults: list[dict]
+    stack_anchor: str = ""  # the id of this round's first stack report on the page, if it has one
+
+
+@dataclasses.dataclass
 class JobReport:
     job: dict
     start: float
     end: float
-    rounds: list[dict]
+    rounds: list[Round]
+    instance_restarts: list[dict]
     timeline: list[dict]
-    faults: list[dict]
+    faults: list[dict]  # fault records whose action stopped (part of) the job
+    other_records: list[dict]  # notifications, isolations, ...
+    fault_total: int  # all faults of the job, also when the lists are cut at LIMIT
     by_source: list[dict]
     goodput: dict
     mtbf: dict
@@ -45,6 +91,18 @@ class JobReport:
     diagnoses: list[dict]
     generated_at: float
     spot: list[dict] = dataclasses.field(default_factory=list)  # a spot job's cost against on-demand
+
+    @property
+    def stack_anchors(self) -> dict[int, str]:
+        return {s["round"]: s["anchor"] for s in self.suspects if s["anchor"]}
+
+    @property
+    def job_restarts(self) -> int:
+        return sum(1 for r in self.rounds if r.restart is not None)
+
+    @property
+    def is_spot(self) -> bool:
+        return bool(self.spot)
 
 
 def collect(reader: analytics.Select, job_id: str, now: float | None = None) -> JobReport:
@@ -57,107 +115,246 @@ def collect(reader: analytics.Select, job_id: str, now: float | None = None) -> 
     start, end = job["submitted"], job["finished"] or now
     span = {"job": job_id, "since": start, "until": end}
     everything = {"job": job_id, "limit": LIMIT}
+    records = analytics.run(reader, "fault_list", **everything)
+    faults = [f for f in records if f["action"] in FAULT_ACTIONS]
+    by_source = analytics.run(reader, "faults_by_source", job=job_id)
+    suspects = anchor_stack_reports(analytics.run(reader, "stack_suspects", **everything))
+    restarts = analytics.run(reader, "job_rounds", **everything)
+    spot = analytics.run(reader, "spot_costs", **everything)
+    goodput = analytics.run(reader, "goodput", **span)[0]
     return JobReport(
         job=job, start=start, end=end,
-        rounds=analytics.run(reader, "job_rounds", **everything),
-        timeline=analytics.run(reader, "job_timeline", **everything),
-        faults=analytics.run(reader, "fault_list", **everything),
-        by_source=analytics.run(reader, "faults_by_source", job=job_id),
-        goodput=analytics.run(reader, "goodput", **span)[0],
+        rounds=build_rounds(job, end, [r for r in restarts if r["restarted"] == "(job)"], faults, suspects),
+        instance_restarts=[r for r in restarts if r["restarted"] != "(job)"],
+        timeline=[{"time": row["time"], "stage": _TIMELINE_STAGE.get(row["stage"], row["stage"])}
+                  for row in analytics.run(reader, "job_timeline", **everything)],
+        faults=faults,
+        other_records=[f for f in records if f["action"] not in FAULT_ACTIONS],
+        fault_total=sum(row["faults"] for row in by_source),
+        by_source=by_source,
+        goodput=with_spot_waits(goodput, spot),
         mtbf=analytics.run(reader, "mtbf_mttr", **span)[0],
-        suspects=analytics.run(reader, "stack_suspects", **everything),
+        suspects=suspects,
         diagnoses=analytics.run(reader, "diagnoses", **everything) + analytics.run(reader, "hang_advice",
                                                                                   **everything),
         generated_at=now,
-        spot=analytics.run(reader, "spot_costs", **everything),
+        spot=spot,
     )
+
+
+def _stage_times(restart: dict) -> tuple[float, float]:
+    """(stopped, started) of a job restart: when its round's instances were
+    down and when the next round's were started, from the stage lengths."""
+    stopped = restart["detected_at"] + restart["detecting_s"] + restart["stopping_s"]
+    return stopped, stopped + restart["restarting_s"]
+
+
+def anchor_stack_reports(suspects: Sequence[dict]) -> list[dict]:
+    """The stack reports oldest first, the first of each round with the
+    ``anchor`` its round's faults link to (a hang can be dumped twice)."""
+    out, seen = [], set()
+    for row in sorted(suspects, key=lambda s: s["time"]):
+        out.append({**row, "anchor": "" if row["round"] in seen else f"stack-r{row['round']}"})
+        seen.add(row["round"])
+    return out
+
+
+def build_rounds(job: dict, end: float, restarts: Sequence[dict], faults: Sequence[dict],
+                 suspects: Sequence[dict]) -> list[Round]:
+    """The job's rounds in order. Restart ``n`` ends round ``restart.round``
+    and the next round starts when its instances were started."""
+    anchors = {s["round"]: s["anchor"] for s in suspects if s["anchor"]}
+    by_round: dict[int, list[dict]] = {}
+    for fault in faults:
+        by_round.setdefault(fault["round"], []).append(fault)
+    rounds, begin, number = [], job["submitted"], 0
+    for restart in sorted(restarts, key=lambda r: r["detected_at"]):
+        number = restart["round"]
+        stopped, started = _stage_times(restart)
+        rounds.append(Round(number, begin, min(stopped, end), "restart", restart, by_round.get(number, [])))
+        begin, number = min(started, end), number + 1
+    rounds.append(Round(number, begin, end, job["status"], None, by_round.get(number, [])))
+    for round_ in rounds:
+        round_.stack_anchor = anchors.get(round_.number, "")
+    return rounds
+
+
+def with_spot_waits(goodput: dict, spot: Sequence[dict]) -> dict:
+    """The goodput row with a spot job's waits for capacity taken out of its
+    running time (the history query counts them as running)."""
+    queued = sum(row["queued_s"] for row in spot)
+    wall = sum(goodput.get(f"{stage}_s") or 0.0 for stage in ("running", "detecting", "stopping", "restarting",
+                                                              "queued"))
+    out = {
+        "running_s": max((goodput.get("running_s") or 0.0) - queued, 0.0),
+        "detecting_s": goodput.get("detecting_s") or 0.0,
+        "stopping_s": goodput.get("stopping_s") or 0.0,
+        "restarting_s": goodput.get("restarting_s") or 0.0,
+        "starting_s": goodput.get("queued_s") or 0.0,  # see _TIMELINE_STAGE
+        "queued_s": queued,
+    }
+    out["goodput"] = None if goodput.get("goodput") is None or wall <= 0 else out["running_s"] / wall
+    return out
 
 
 # ------------------------------------------------------------------ charts
 
-def _text(x: float, y: float, text: object, anchor: str = "start", size: int = 11, fill: str = "#333") -> str:
-    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" fill="{fill}">'
+def _text(x: float, y: float, text: object, anchor: str = "start", size: int = 11, fill: str = "#333",
+          cls: str = "") -> str:
+    klass = f' class="{cls}"' if cls else ""
+    return (f'<text{klass} x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" fill="{fill}">'
             f"{escape(str(text))}</text>")
 
 
-def timeline_svg(timeline: Sequence[dict], start: float, end: float, width: int = 960) -> Markup:
-    """The job's states from submission to the end as coloured spans on one bar,
-    with a legend; each span's title tells its stage and length."""
-    left, bar_y, bar_h = 10, 24, 28
-    usable = width - 2 * left
+def _svg(label: str, width: int, height: int) -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{escape(label)}" '
+            f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" class="chart">')
+
+
+def _tick_step(total: float) -> float:
+    """A round step that puts 4 to 10 ticks on an axis of ``total`` seconds."""
+    for step in (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400,
+                 21600, 43200, 86400):
+        if total / step <= 10:
+            return step
+    return 86400 * math.ceil(total / 86400 / 10)
+
+
+def _elapsed(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+def stage_spans(timeline: Sequence[dict], end: float) -> list[tuple[str, float, float]]:
+    """(stage, begin, finish) from the moments the job entered each state;
+    the job's end (succeeded, failed) is not a span."""
+    steps = [row for row in timeline if row["time"] is not None]
+    spans = []
+    for index, row in enumerate(steps):
+        if row["stage"] not in STAGE_COLOURS:
+            continue
+        finish = steps[index + 1]["time"] if index + 1 < len(steps) else end
+        spans.append((row["stage"], row["time"], max(finish, row["time"])))
+    return spans
+
+
+def timeline_svg(report: JobReport, width: int = 1000) -> Markup:
+    """The job from submission to the end: round labels and boundaries above,
+    the stages as coloured spans, the faults as red markers (each a link to
+    its row), an axis of elapsed time below, and a legend."""
+    left, right = 12, 12
+    labels_y, bar_y, bar_h = 34, 44, 30
+    usable = width - left - right
+    start, end = report.start, report.end
     total = max(end - start, 1e-3)
 
     def x_of(t: float) -> float:
         return left + usable * min(max(t - start, 0.0), total) / total
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="rounds timeline" '
-             f'width="{width}" height="96" viewBox="0 0 {width} 96" class="chart">']
-    steps = [row for row in timeline if row["time"] is not None]
-    for index, row in enumerate(steps):
-        begin = row["time"]
-        finish = steps[index + 1]["time"] if index + 1 < len(steps) else end
-        if row["stage"] in ("succeeded", "failed"):
-            finish = begin + total * 0.004  # a marker: the job is over
+    parts = [_svg("rounds timeline", width, 150)]
+    parts.append(_text(left, 12, _iso(start), size=10, fill="#666"))
+    parts.append(_text(width - right, 12, _iso(end), anchor="end", size=10, fill="#666"))
+    for stage, begin, finish in stage_spans(report.timeline, end):
         x0, x1 = x_of(begin), x_of(finish)
-        colour = STAGE_COLOURS.get(row["stage"], "#999")
-        parts.append(f'<rect class="stage stage-{escape(row["stage"])}" x="{x0:.2f}" y="{bar_y}" '
-                     f'width="{max(x1 - x0, 1.0):.2f}" height="{bar_h}" fill="{colour}">'
-                     f'<title>{escape(row["stage"])}: {finish - begin:.1f} s from {escape(_iso(begin))}</title></rect>')
-    parts.append(_text(left, 16, _iso(start)))
-    parts.append(_text(width - left, 16, _iso(end), anchor="end"))
-    for index, (stage, colour) in enumerate(list(STAGE_COLOURS.items())[:5]):
-        x = left + index * 130
-        parts.append(f'<rect x="{x}" y="70" width="12" height="12" fill="{colour}"/>')
-        parts.append(_text(x + 18, 80, stage))
+        parts.append(f'<rect class="stage stage-{escape(stage)}" x="{x0:.2f}" y="{bar_y}" '
+                     f'width="{max(x1 - x0, 1.0):.2f}" height="{bar_h}" fill="{STAGE_COLOURS[stage]}">'
+                     f'<title>{escape(stage)}: {_seconds(finish - begin)} from {escape(_iso(begin))}</title></rect>')
+    for round_ in report.rounds:
+        x0, x1 = x_of(round_.start), x_of(round_.end)
+        parts.append(f'<line class="round-boundary" x1="{x0:.2f}" y1="{labels_y - 12}" x2="{x0:.2f}" '
+                     f'y2="{bar_y + bar_h + 4}" stroke="{BOUNDARY_COLOUR}" stroke-width="1.5"/>')
+        parts.append(f'<line x1="{x0:.2f}" y1="{labels_y + 3}" x2="{max(x1, x0 + 1):.2f}" y2="{labels_y + 3}" '
+                     f'stroke="{BOUNDARY_COLOUR}" stroke-width="1"/>')
+        label = f"round {round_.number}" if x1 - x0 >= 56 else (f"r{round_.number}" if x1 - x0 >= 18 else "")
+        if label:
+            parts.append(_text((x0 + x1) / 2, labels_y, label, anchor="middle", size=11, fill="#222",
+                               cls="round-label"))
+    if report.job["finished"]:
+        x = x_of(report.job["finished"])
+        parts.append(f'<rect class="job-end" x="{x - 2:.2f}" y="{bar_y - 4}" width="4" height="{bar_h + 8}" '
+                     f'fill="{END_COLOUR}"><title>job {escape(report.job["status"])} at '
+                     f'{escape(_iso(report.job["finished"]))}</title></rect>')
+    for fault in report.faults:
+        x = x_of(fault["time"])
+        parts.append(f'<a href="#fault-{escape(fault["record_id"])}"><path class="fault-marker" '
+                     f'd="M{x - 6:.2f},{bar_y - 11} L{x + 6:.2f},{bar_y - 11} L{x:.2f},{bar_y - 1} Z" '
+                     f'fill="{FAULT_COLOUR}"/><line x1="{x:.2f}" y1="{bar_y}" x2="{x:.2f}" y2="{bar_y + bar_h}" '
+                     f'stroke="{FAULT_COLOUR}" stroke-width="2"/><title>fault in round {fault["round"]}: '
+                     f'{escape(fault["error_source"])} {escape(fault["instance_name"])} at {escape(_iso(fault["time"]))}'
+                     f'</title></a>')
+    axis_y = bar_y + bar_h + 16
+    step = _tick_step(total)
+    tick = 0.0
+    while tick <= total + 1e-9:
+        x = x_of(start + tick)
+        parts.append(f'<line x1="{x:.2f}" y1="{bar_y + bar_h}" x2="{x:.2f}" y2="{bar_y + bar_h + 4}" stroke="#888"/>')
+        parts.append(_text(x, axis_y, "0" if tick == 0 else "+" + _elapsed(round(tick, 3)), anchor="middle",
+                           size=10, fill="#666"))
+        tick += step
+    # Spot waits have no place on this bar (the history keeps their total, not their times).
+    legend = [(stage, STAGE_COLOURS[stage]) for stage in STAGE_COLOURS if stage != "queued"]
+    x, legend_y = left, axis_y + 26
+    for stage, colour in legend:
+        parts.append(f'<rect x="{x}" y="{legend_y - 10}" width="12" height="12" fill="{colour}"/>')
+        parts.append(_text(x + 17, legend_y, stage))
+        x += 30 + 7 * len(stage)
+    parts.append(f'<path d="M{x},{legend_y - 10} L{x + 12},{legend_y - 10} L{x + 6},{legend_y + 1} Z" '
+                 f'fill="{FAULT_COLOUR}"/>')
+    parts.append(_text(x + 17, legend_y, "fault"))
+    x += 30 + 7 * len("fault")
+    parts.append(f'<line x1="{x + 6}" y1="{legend_y - 12}" x2="{x + 6}" y2="{legend_y + 2}" '
+                 f'stroke="{BOUNDARY_COLOUR}" stroke-width="1.5"/>')
+    parts.append(_text(x + 17, legend_y, "round start"))
     parts.append("</svg>")
     return Markup("".join(parts))
 
 
-def bars_svg(rows: Sequence[dict], label: str, value: str, width: int = 460, unit: str = "") -> Markup:
+def bars_svg(rows: Sequence[dict], label: str, value: str, colour: str, width: int = 460) -> Markup:
     """Horizontal bars, one per row, longest first as given."""
     row_h, label_w = 26, 150
     height = max(len(rows), 1) * row_h + 10
     top = max((float(r[value]) for r in rows), default=0.0) or 1.0
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{escape(label)} chart" '
-             f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" class="chart">']
+    parts = [_svg(f"{label} chart", width, height)]
     if not rows:
         parts.append(_text(10, 20, "nothing recorded"))
     for index, row in enumerate(rows):
         y = 5 + index * row_h
         length = (width - label_w - 70) * float(row[value]) / top
         parts.append(_text(label_w - 8, y + 16, row[label], anchor="end"))
-        parts.append(f'<rect class="bar" x="{label_w}" y="{y + 3}" width="{max(length, 1.0):.1f}" height="{row_h - 8}" '
-                     f'fill="{SOURCE_COLOUR}"/>')
-        shown = f"{float(row[value]):.1f}{unit}" if unit else f"{row[value]}"
-        parts.append(_text(label_w + length + 6, y + 16, shown))
+        parts.append(f'<rect class="bar" x="{label_w}" y="{y + 3}" width="{max(length, 1.0):.1f}" '
+                     f'height="{row_h - 8}" fill="{colour}"/>')
+        parts.append(_text(label_w + length + 6, y + 16, row[value]))
     parts.append("</svg>")
     return Markup("".join(parts))
 
 
-def goodput_rows(goodput: dict) -> list[dict]:
+def goodput_rows(goodput: dict, spot: bool) -> list[dict]:
     return [{"stage": stage, "seconds": goodput.get(f"{stage}_s") or 0.0}
-            for stage in ("running", "detecting", "stopping", "restarting", "queued")]
+            for stage in STAGE_COLOURS if stage != "queued" or spot]
 
 
-def goodput_svg(goodput: dict, width: int = 460) -> Markup:
+def goodput_svg(goodput: dict, spot: bool, width: int = 460) -> Markup:
     """One stacked bar of the job's wall time by stage, and the seconds of each."""
-    rows = goodput_rows(goodput)
+    rows = goodput_rows(goodput, spot)
     total = sum(r["seconds"] for r in rows) or 1.0
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="goodput chart" '
-             f'width="{width}" height="{40 + 20 * len(rows)}" viewBox="0 0 {width} {40 + 20 * len(rows)}" '
-             f'class="chart">']
+    height = 40 + 20 * len(rows)
+    parts = [_svg("goodput chart", width, height)]
     x = 10.0
     for row in rows:
         length = (width - 20) * row["seconds"] / total
         if length > 0:
             parts.append(f'<rect class="stage stage-{row["stage"]}" x="{x:.2f}" y="6" width="{length:.2f}" '
                          f'height="22" fill="{STAGE_COLOURS[row["stage"]]}"><title>{row["stage"]}: '
-                         f'{row["seconds"]:.1f} s</title></rect>')
+                         f'{_seconds(row["seconds"])}</title></rect>')
         x += length
     for index, row in enumerate(rows):
         y = 48 + index * 20
         parts.append(f'<rect x="10" y="{y - 10}" width="12" height="12" fill="{STAGE_COLOURS[row["stage"]]}"/>')
-        parts.append(_text(28, y, f'{row["stage"]}: {row["seconds"]:.1f} s ({100 * row["seconds"] / total:.2f} %)'))
+        parts.append(_text(28, y, f'{row["stage"]}: {_seconds(row["seconds"])} '
+                                  f'({100 * row["seconds"] / total:.1f} %) - {STAGE_MEANING[row["stage"]]}'))
     parts.append("</svg>")
     return Markup("".join(parts))
 
@@ -182,6 +379,8 @@ def _seconds(value: float | None) -> str:
 
 
 def render(report: JobReport) -> str:
+    # Everything from the store is job text (messages, instance names, even
+    # job ids): autoescape on, and the charts escape what they embed.
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                                      autoescape=jinja2.select_autoescape(["html", "j2"]),
                                      undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
@@ -192,7 +391,8 @@ def render(report: JobReport) -> str:
     return template.render(
         r=report,
         goodput_percent=None if goodput is None else 100 * goodput,
-        timeline_chart=timeline_svg(report.timeline, report.start, report.end),
-        source_chart=bars_svg(report.by_source, "error_source", "faults"),
-        goodput_chart=goodput_svg(report.goodput),
+        stage_colours=STAGE_COLOURS, fault_colour=FAULT_COLOUR,
+        timeline_chart=timeline_svg(report),
+        source_chart=bars_svg(report.by_source, "error_source", "faults", FAULT_COLOUR),
+        goodput_chart=goodput_svg(report.goodput, report.is_spot),
     )
