@@ -1,18 +1,21 @@
 """The distributed shape's commands: kafka init, agent, processor, actuator,
-submit, nodes. Parsing and printing only; the work is in trainwarden.services."""
+notifier, submit, nodes. Parsing and printing only; the work is in
+trainwarden.services (services/runner.py runs a service as a process).
+
+Every option has an environment variable, TRAINWARDEN_<FLAG> unless noted,
+named in its help."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import json
 import os
-import signal
 import socket
-import threading
+import sys
 import time
 from pathlib import Path
-
-from rich.markup import escape
 
 from trainwarden.bus import ACTUATOR_STATE, NODES, BusError, open_bus, topic_specs
 from trainwarden.bus.base import read_to_end
@@ -24,88 +27,197 @@ from trainwarden.events import DecisionKind
 from trainwarden.jobspec import from_command, load_job_file
 from trainwarden.rules.loader import load_rules
 from trainwarden.runtime.clock import now as clock_now
+from trainwarden.services.logs import FORMATS as LOG_FORMATS
+from trainwarden.services.observability import (
+    ObservedDeliveries,
+    directory_writable,
+    parse_address,
+    store_writable,
+)
+from trainwarden.services.runner import ServiceRun
 from trainwarden.store import default_store_dir, open_writer
+from trainwarden.yamlsrc import ConfigError
 
 COMMANDS = frozenset({"kafka", "agent", "processor", "actuator", "notifier", "submit", "nodes"})
 TAKES_COMMAND = frozenset({"submit"})
+# Seconds a stopping notifier still delivers what is due; well inside the 5 s
+# a service has to stop after SIGTERM.
+STOP_DRAIN_S = 1.5
 
 
 def add_commands(sub) -> None:
     kafka = sub.add_parser("kafka", help="Kafka topics for the distributed services")
     kafka_sub = kafka.add_subparsers(dest="kafka_command", metavar="ACTION")
     kafka_sub.required = True
-    init = kafka_sub.add_parser("init", help="create the topics (idempotent)")
-    init.add_argument("--partitions", type=int, default=8, help="partitions of the job topics (default 8)")
+    init = kafka_sub.add_parser("init", help="create the topics (idempotent)", **_examples(
+        "trainwarden kafka init --partitions 8 --bootstrap kafka:9092"))
+    _option(init, "--partitions", type=int, default=8, help="partitions of the job topics (default 8)")
     _bootstrap(init)
 
-    agent = sub.add_parser("agent", help="run the node agent: starts instances placed on this node")
-    agent.add_argument("--node", default=os.environ.get("TRAINWARDEN_NODE") or socket.gethostname(),
-                       help="this node's name (default: $TRAINWARDEN_NODE or the host name)")
-    agent.add_argument("--slots", type=int, default=8, help="instances this node can run at once (default 8)")
-    agent.add_argument("--log-dir", default=None, help="where instance output files go (for Vector)")
-    agent.add_argument("--address", default="", help="address other nodes reach this one at (MASTER_ADDR)")
-    agent.add_argument("--c4d-log", default=os.environ.get("TRAINWARDEN_C4D_LOG"),
-                       help="the C4D agent's log file on this node: the trusted diagnostic channel")
-    agent.add_argument("--slurm-dir", default=os.environ.get("TRAINWARDEN_SLURM_DIR"),
-                       help="on a Slurm node: the directory shared with the actuator's --slurm-dir; the agent "
-                            "follows the Slurm tasks on its node (--node must be the Slurm node name)")
-    agent.add_argument("--no-ship-logs", action="store_true",
-                       help="write output files only, for Vector to ship (lines would otherwise arrive twice)")
-    _bootstrap(agent)
+    agent = sub.add_parser("agent", help="run the node agent: starts instances placed on this node", **_examples(
+        "trainwarden agent --node gpu-7 --slots 8 --bootstrap kafka:9092",
+        "TRAINWARDEN_NODE=gpu-7 trainwarden agent --metrics-address 0.0.0.0:9464 --log-format json",
+        "trainwarden agent --node n1 --slurm-dir /shared/tw        # on a Slurm node"))
+    _option(agent, "--node", default=socket.gethostname(), help="this node's name (default: the host name)")
+    _option(agent, "--slots", type=int, default=8, help="instances this node can run at once (default 8)")
+    _option(agent, "--log-dir", help="where instance output files go, for Vector (default: agent-NODE/logs next "
+                                     "to the default store)")
+    _option(agent, "--address", default="", help="address other nodes reach this one at (MASTER_ADDR; default: "
+                                                  "what the host name resolves to)")
+    _option(agent, "--c4d-log", help="the C4D agent's log file on this node: the trusted diagnostic channel")
+    _option(agent, "--slurm-dir", help="on a Slurm node: the directory shared with the actuator's --slurm-dir; "
+                                       "the agent follows the Slurm tasks on its node (--node must be the Slurm "
+                                       "node name)")
+    _switch(agent, "--no-ship-logs", help="write output files only, for Vector to ship (lines would otherwise "
+                                          "arrive twice)")
+    _service_options(agent)
 
-    processor = sub.add_parser("processor", help="run the stream processor: the engine over Kafka")
-    processor.add_argument("--rules", help="rules directory (default: the shipped rules)")
-    _bootstrap(processor)
+    processor = sub.add_parser("processor", help="run the stream processor: the engine over Kafka", **_examples(
+        "trainwarden processor --rules /etc/trainwarden/rules --bootstrap kafka:9092",
+        "trainwarden processor --metrics-address 0.0.0.0:9464      # then: kill -HUP PID reloads the rules"))
+    _option(processor, "--rules", help="rules directory (default: the shipped rules); SIGHUP reloads it")
+    _service_options(processor)
 
-    actuator = sub.add_parser("actuator", help="run the actuator: places instances, executes decisions")
-    actuator.add_argument("--store", help="history store: a directory (chDB) or http(s)://user@host:port/db")
-    actuator.add_argument("--slurm-dir", default=os.environ.get("TRAINWARDEN_SLURM_DIR"),
-                          help="run jobs submitted with --runtime slurm through Slurm; plans, task manifests and "
-                               "output files go here (a directory every Slurm node sees)")
-    actuator.add_argument("--slurm-conf", default=os.environ.get("SLURM_CONF"),
-                          help="the slurm.conf to use (default: $SLURM_CONF)")
-    actuator.add_argument("--node-timeout", type=float, default=10.0,
-                          help="seconds without a heartbeat before a node is lost (default 10)")
-    _bootstrap(actuator)
+    actuator = sub.add_parser("actuator", help="run the actuator: places instances, executes decisions",
+                              **_examples("trainwarden actuator --store /var/lib/trainwarden/history",
+                                          "trainwarden actuator --store http://trainwarden@clickhouse:8123/trainwarden",
+                                          "trainwarden actuator --slurm-dir /shared/tw --node-timeout 30"))
+    _option(actuator, "--store", help="history store: a directory (chDB) or http(s)://user@host:port/db (default: "
+                                      "the per-user state directory)")
+    _option(actuator, "--slurm-dir", help="run jobs submitted with --runtime slurm through Slurm; plans, task "
+                                          "manifests and output files go here (a directory every Slurm node sees)")
+    _option(actuator, "--slurm-conf", env="SLURM_CONF", help="the slurm.conf to use (as for any Slurm client)")
+    _option(actuator, "--node-timeout", type=float, default=10.0,
+            help="seconds without a heartbeat before a node is lost (default 10)")
+    _service_options(actuator)
 
     notifier = sub.add_parser("notifier", help="run the notifier: decisions as signed webhook events",
                               description="Reads the decisions topic in its own group and delivers the events to "
-                                          "the subscriptions (docs/EVENTS.md); the delivery log goes to the store.")
+                                          "the subscriptions (docs/EVENTS.md); the delivery log goes to the store.",
+                              **_examples("trainwarden notifier --notifications rules/notifications --store "
+                                          "/var/lib/trainwarden/history",
+                                          "kill -HUP PID       # reloads the subscriptions; invalid ones are "
+                                          "refused with file:line"))
     add_notify_options(notifier)
-    notifier.add_argument("--store", help="history store for the delivery log: a directory (chDB) or "
-                                          "http(s)://user@host:port/db")
-    notifier.add_argument("--max-age", type=float, default=3600.0,
-                          help="decisions older than this many seconds when first read are not announced "
-                               "(default 3600)")
-    _bootstrap(notifier)
+    _option(notifier, "--store", help="history store for the delivery log: a directory (chDB) or "
+                                      "http(s)://user@host:port/db")
+    _option(notifier, "--max-age", type=float, default=3600.0,
+            help="decisions older than this many seconds when first read are not announced (default 3600)")
+    _service_options(notifier)
 
     submit = sub.add_parser("submit", help="submit a job to the cluster",
-                            description="trainwarden submit JOB.yaml | trainwarden submit [--nproc N] -- CMD ...")
-    submit.add_argument("job_file", nargs="?")
-    submit.add_argument("--job-id")
-    submit.add_argument("--nproc", type=int, default=1)
-    submit.add_argument("--args", default=None)
-    submit.add_argument("--framework", default="pytorch")
-    submit.add_argument("--runtime", default="agents", choices=("agents", "slurm"),
-                        help="where the cluster runs it: Trainwarden's agents (default) or Slurm")
-    submit.add_argument("--follow", action="store_true", help="stream output and exit 0/1 with the outcome")
-    submit.add_argument("--quiet", action="store_true", help="with --follow: decisions only")
+                            description="trainwarden submit JOB.yaml | trainwarden submit [--nproc N] -- CMD ...",
+                            **_examples("trainwarden submit examples/job.yaml --follow",
+                                        "trainwarden submit --nproc 4 --args \"--enable-job-restart=True\" -- "
+                                        "python train.py",
+                                        "trainwarden submit job.yaml --follow --json | jq -c 'select(.event == "
+                                        "\"decision\")'",
+                                        "trainwarden submit job.yaml --runtime slurm --follow"))
+    submit.add_argument("job_file", nargs="?", help="a job YAML file (or give the command after --)")
+    # Not TRAINWARDEN_JOB_ID: every instance has that one, and a job that submits a job would reuse its own id.
+    _option(submit, "--job-id", env="TRAINWARDEN_SUBMIT_JOB_ID",
+            help="the job's id (default: the job file's, else made from the command and the time)")
+    _option(submit, "--nproc", type=int, default=1, help="instances of the command (role worker); default 1")
+    _option(submit, "--args", help='the arguments string, e.g. "--enable-job-restart=True"')
+    _option(submit, "--framework", default="pytorch", help="pytorch, mpi, tensorflow or elasticbatch (default "
+                                                           "pytorch)")
+    _option(submit, "--runtime", default="agents", type=_choice("agents", "slurm"),
+            help="where the cluster runs it: agents (Trainwarden's, the default) or slurm")
+    _switch(submit, "--follow", help="stream output and exit 0/1 with the outcome")
+    _switch(submit, "--quiet", help="with --follow: decisions only")
+    _switch(submit, "--json", help="JSON lines on stdout: the submission, and with --follow every output line "
+                                   "and decision")
     _bootstrap(submit)
 
-    nodes = sub.add_parser("nodes", help="list nodes; isolate or uncordon one")
-    nodes.add_argument("action", nargs="?", choices=("list", "isolate", "uncordon"), default="list")
-    nodes.add_argument("name", nargs="?")
-    nodes.add_argument("--json", action="store_true")
-    nodes.add_argument("--listen", type=float, default=2.5, help="seconds to listen for heartbeats (default 2.5)")
+    nodes = sub.add_parser("nodes", help="list nodes; isolate or uncordon one", **_examples(
+        "trainwarden nodes", "trainwarden nodes --json", "trainwarden nodes isolate gpu-7",
+        "trainwarden nodes uncordon gpu-7"))
+    nodes.add_argument("action", nargs="?", choices=("list", "isolate", "uncordon"), default="list",
+                       help="list (the default), isolate (no new instances there) or uncordon (ready again)")
+    nodes.add_argument("name", nargs="?", help="the node to isolate or uncordon: one the cluster knows")
+    _switch(nodes, "--json", help="JSON for machines")
+    _option(nodes, "--listen", type=float, default=2.5, help="seconds to listen for heartbeats (default 2.5)")
     _bootstrap(nodes)
+
+
+# Switches (store_true) whose environment variable is read at dispatch, where a bad value can be refused.
+_SWITCHES: dict[str, str] = {}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def _env_name(flag: str) -> str:
+    return "TRAINWARDEN_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def _option(parser: argparse.ArgumentParser, flag: str, *, env: str = "", default=None, help: str, **kwargs) -> None:
+    """An option whose default comes from an environment variable (argparse
+    converts and checks it like a value given on the command line)."""
+    env = env or _env_name(flag)
+    value = os.environ.get(env)
+    parser.add_argument(flag, default=value if value else default, help=f"{help} [env {env}]", **kwargs)
+
+
+def _switch(parser: argparse.ArgumentParser, flag: str, *, help: str) -> None:
+    env = _env_name(flag)
+    action = parser.add_argument(flag, action="store_true", default=None, help=f"{help} [env {env}=1]")
+    _SWITCHES[action.dest] = env
+
+
+def _resolve_switches(args: argparse.Namespace) -> str:
+    """Switches not given take their environment variable; returns the problem, if any."""
+    for dest, env in _SWITCHES.items():
+        if getattr(args, dest, False) is not None:
+            continue
+        value = os.environ.get(env, "").strip().lower()
+        if value not in _TRUE + _FALSE:
+            return f"${env} must be 1/true/yes/on or 0/false/no/off, not {os.environ[env]!r}"
+        setattr(args, dest, value in _TRUE)
+    return ""
+
+
+def _choice(*allowed: str):
+    """``choices`` for an option with an environment variable: argparse checks
+    choices only on the command line, a type on the variable's value too."""
+    def check(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(allowed)}")
+        return text
+
+    return check
+
+
+def _examples(*lines: str) -> dict:
+    return {"epilog": "examples:\n" + "\n".join(f"  {line}" for line in lines),
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
 
 
 def _bootstrap(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", default=None,
-                        help="Kafka HOST:PORT (default $TRAINWARDEN_KAFKA); 'memory' is only for tests")
+                        help="Kafka HOST:PORT[,HOST:PORT] (default $TRAINWARDEN_KAFKA); 'memory' is only for tests "
+                             "[env TRAINWARDEN_KAFKA]")
+
+
+def _metrics_address(text: str):
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _service_options(parser: argparse.ArgumentParser) -> None:
+    _option(parser, "--metrics-address", type=_metrics_address, metavar="HOST:PORT",
+            help="serve Prometheus metrics at /metrics, liveness at /healthz and readiness at /readyz here "
+                 "(default: no HTTP listener)")
+    _option(parser, "--log-format", default="text", type=_choice(*LOG_FORMATS),
+            help="text (the default) or json: one JSON object per line with time, level, component, job_id, "
+                 "message")
+    _bootstrap(parser)
 
 
 def dispatch(args: argparse.Namespace, command: list[str]) -> int:
+    problem = _resolve_switches(args)
+    if problem:
+        return fail(problem, hint="unset it or give the flag on the command line")
     try:
         if args.command == "kafka":
             created = open_bus(args.bootstrap).create_topics(topic_specs(args.partitions))
@@ -124,7 +236,21 @@ def dispatch(args: argparse.Namespace, command: list[str]) -> int:
 
 
 def _service(args: argparse.Namespace) -> int:
-    bus = open_bus(args.bootstrap)
+    try:
+        run = ServiceRun(args.command, args.log_format, args.metrics_address)
+    except OSError as exc:
+        return fail(f"--metrics-address {args.metrics_address}: cannot listen there ({exc.strerror or exc})",
+                    hint="give an address of this host and a free port, e.g. --metrics-address 0.0.0.0:9464")
+    try:
+        return _start(args, run)
+    finally:
+        run.close()
+
+
+def _start(args: argparse.Namespace, run: ServiceRun) -> int:
+    observer = run.observer
+    bus = observer.bus(open_bus(args.bootstrap))
+    reload = None
     if args.command == "agent":
         from trainwarden.services.agent import Agent
 
@@ -134,14 +260,24 @@ def _service(args: argparse.Namespace) -> int:
         service = Agent(bus, args.node, args.slots, log_dir, address=args.address, ship_logs=not args.no_ship_logs,
                         c4d_log=Path(args.c4d_log) if args.c4d_log else None,
                         slurm_dir=Path(args.slurm_dir) if args.slurm_dir else None)
+        observer.watch(lambda: service.counters, [
+            ("agent_instances_running", "Instances this agent runs now.", lambda: len(service.running)),
+            ("agent_slots", "Instances this node can run at once.", lambda: service.slots)])
+        observer.readiness_check(lambda: directory_writable(log_dir, "the log directory"))
         label = f"agent {args.node} ({args.slots} slots, logs in {log_dir})"
     elif args.command == "processor":
         from trainwarden.services.processor import Processor
 
-        service = Processor(bus, load_rules(args.rules))
-        label = "processor"
+        latency = observer.histogram("decision_latency_seconds", "Seconds from the observation a decision "
+                                     "answers (a fault, an exit, a submission) to its publication by the processor.")
+        service = Processor(bus, load_rules(args.rules), on_decision=lambda d: latency.observe(
+            max(0.0, clock_now() - (d.detected_at or d.time))))
+        observer.watch(lambda: service.counters, [
+            ("processor_jobs", "Jobs whose engine state this processor holds.", lambda: len(service.jobs))])
+        reload = functools.partial(_reload_rules, run, service, args.rules)
+        label = f"processor (rules {args.rules or 'shipped'})"
     elif args.command == "notifier":
-        return _notifier(args, bus)
+        return _notifier(args, bus, run)
     else:
         from trainwarden.services.actuator_service import ActuatorService
 
@@ -153,12 +289,29 @@ def _service(args: argparse.Namespace) -> int:
 
             slurm = SlurmSite(SlurmCli(args.slurm_conf), Path(args.slurm_dir))
         service = ActuatorService(bus, open_writer(store), node_timeout_s=args.node_timeout, slurm=slurm,
-                                  say=lambda text: err_console.print(f"trainwarden ▸ actuator: {escape(text)}"))
+                                  say=lambda text, job_id="": run.say("info", text, job_id))
+        observer.watch(lambda: service.counters, [
+            ("actuator_jobs", "Jobs this actuator supervises.", lambda: len(service.jobs)),
+            ("actuator_nodes", "Nodes this actuator has heard of.", lambda: len(service.cluster.nodes))])
+        observer.readiness_check(lambda: store_writable(store))
         label = f"actuator (history in {store}" + (f", Slurm jobs in {args.slurm_dir})" if slurm else ")")
-    return run_service(service, label)
+    return run.run(service, label, reload)
 
 
-def _notifier(args: argparse.Namespace, bus) -> int:
+def _reload_rules(run: ServiceRun, processor, directory: str | None) -> None:
+    where = directory or "the shipped rules"
+    try:
+        pack = load_rules(directory)
+    except ConfigError as exc:
+        run.say("error", f"rules not reloaded from {where}, the previous rules stay: {exc}")
+        return
+    processor.use_rules(pack)
+    run.say("info", f"rules reloaded from {where}: {len(pack.files)} files, {len(pack.classifiers)} classifiers; "
+                    "jobs submitted from now on use them")
+
+
+def _notifier(args: argparse.Namespace, bus, run: ServiceRun) -> int:
+    from trainwarden.notify import load_subscriptions
     from trainwarden.notify.bridge import DecisionNotifications
     from trainwarden.notify.queue import QueueError
     from trainwarden.services.notifier_service import NotifierService
@@ -168,47 +321,51 @@ def _notifier(args: argparse.Namespace, bus) -> int:
                     hint="for example --notifications rules/notifications")
     if not 0 < args.max_age <= 30 * 86400:
         return fail("--max-age must be from 0 to 2592000 seconds")
-    options = notify_options(args)
+    # A stopping notifier sends only what is due at once: the rest (a held
+    # rate-limited message, a retry in backoff) stays queued for its successor.
+    options = dataclasses.replace(notify_options(args), drain_s=STOP_DRAIN_S)
     store = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+    observer = run.observer
+    writer = ObservedDeliveries(open_writer(store), observer.histogram(
+        "delivery_latency_seconds", "Seconds from an event to its delivery's accepted answer (rate-limit holds "
+                                    "and retries included)."))
+
+    def notifications(opts):
+        return DecisionNotifications(opts, writer, lambda text: run.say("info", text))
+
     try:
-        notifications = DecisionNotifications(options, open_writer(store),
-                                              lambda text: err_console.print(f"trainwarden ▸ notifier: {text}",
-                                                                             markup=False, highlight=False))
+        service = NotifierService(bus, notifications(options), max_age_s=args.max_age)
     except QueueError as exc:
         return fail(str(exc), hint="one notifier per queue directory: give this one its own --notify-dir")
-    service = NotifierService(bus, notifications, max_age_s=args.max_age)
-    return run_service(service, f"notifier ({len(options.subscriptions)} subscriptions, queue in "
-                                f"{options.directory}, deliveries in {store})")
+    observer.watch(lambda: service.counters, [
+        ("notifier_decisions_held", "Decisions waiting for a stack report or behind one.",
+         lambda: len(service.held)),
+        ("notifier_deliveries_pending", "Deliveries queued on disk, held ones included.",
+         lambda: service.notifications.notifier.pending())])
+    observer.counter_family("notifier_deliveries", "Deliveries by outcome (delivered, dead, retries, suppressed, "
+                                                   "...).", "outcome",
+                            lambda: dict(service.notifications.notifier.counters))
+    observer.readiness_check(lambda: store_writable(store) or directory_writable(options.directory,
+                                                                                  "the notification queue"))
 
+    def reload() -> None:
+        try:
+            subscriptions = load_subscriptions(Path(args.notifications))
+        except ConfigError as exc:
+            run.say("error", f"subscriptions not reloaded, the previous ones stay: {exc}")
+            return
+        service.replace_notifications(lambda: notifications(dataclasses.replace(options, subscriptions=subscriptions)))
+        run.say("info", f"subscriptions reloaded from {args.notifications}: {len(subscriptions)}")
 
-def run_service(service, label: str) -> int:
-    from trainwarden.services.loop import serve
-
-    stopping = threading.Event()
-
-    def request_stop(signum, frame):
-        stopping.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, request_stop)
-    styles = {"info": "", "warning": "yellow", "error": "red", "health": "dim"}
-
-    def say(level: str, text: str) -> None:
-        style = styles.get(level, "")
-        line = f"trainwarden ▸ {label}: {text}"
-        err_console.print(f"[{style}]{escape(line)}[/]" if style else line, highlight=False, markup=bool(style))
-
-    err_console.print(f"trainwarden ▸ {label}: running", highlight=False)
-    serve(service, stopping.is_set, say)
-    err_console.print(f"trainwarden ▸ {label}: stopped")
-    return 0
+    return run.run(service, f"notifier ({len(options.subscriptions)} subscriptions, queue in "
+                            f"{options.directory}, deliveries in {store})", reload)
 
 
 # ---------------------------------------------------------------- submit
 
 
 def _submit(args: argparse.Namespace, command: list[str]) -> int:
-    from trainwarden.services.follow import Follower, submit
+    from trainwarden.services.follow import Follower, decision_event, line_event, submit
 
     if args.job_file and command:
         return fail("give either a job file or a command after '--', not both")
@@ -225,19 +382,41 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
         return fail("could not subscribe to the job's output in 30 s", code=1)
     submit(bus, job)
     err_console.print(f"trainwarden ▸ submitted {job.job_id} ({len(job.instances())} instances)")
-    if follower is None:
+    if args.json:
+        _json_line({"event": "submitted", "job_id": job.job_id, "instances": len(job.instances()),
+                    "runtime": job.runtime})
+    elif follower is None:
         print(job.job_id)
+    if follower is None:
         return 0
-    reporter = ConsoleReporter(quiet_output=args.quiet)
+    if args.json:
+        on_line = (lambda line: None) if args.quiet else (lambda line: _json_line(line_event(line)))
+        on_decision = lambda d: _json_line(decision_event(d))  # noqa: E731
+        flush = sys.stdout.flush
+    else:
+        reporter = ConsoleReporter(quiet_output=args.quiet)
+        on_line, on_decision, flush = reporter.line, reporter.decision, reporter.flush
     try:
-        outcome = follower.follow(reporter.line, reporter.decision)
+        outcome = follower.follow(on_line, on_decision)
     except KeyboardInterrupt:
         return 130
     finally:
-        reporter.flush()
+        try:
+            flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass  # a reader that went away (| head) is not the job's outcome
         follower.close()
     succeeded = outcome is not None and outcome.kind is DecisionKind.COMPLETE_JOB
     return 0 if succeeded else 1
+
+
+def _json_line(event: dict) -> None:
+    """One event per line; job text is escaped by the encoder. A reader that
+    closed the pipe ends the stream, not the follow."""
+    try:
+        sys.stdout.write(json.dumps(event, ensure_ascii=False) + "\n")
+    except (BrokenPipeError, ValueError, OSError):
+        pass
 
 
 # ----------------------------------------------------------------- nodes
@@ -247,7 +426,17 @@ def _nodes(args: argparse.Namespace) -> int:
     bus = open_bus(args.bootstrap)
     if args.action in ("isolate", "uncordon"):
         if not args.name:
-            return fail(f"'nodes {args.action}' needs a node name")
+            return fail(f"'nodes {args.action}' needs a node name", hint="see 'trainwarden nodes' for the names")
+        states = _read_all(bus, ACTUATOR_STATE)
+        known = set(states)
+        if args.name not in known:
+            # A node that has never been heard of, or a typo: writing its
+            # state would create a node that is then listed as lost.
+            known |= set(_listen(bus, args.listen))
+        if args.name not in known:
+            names = ", ".join(sorted(known)[:20]) or "none yet"
+            return fail(f"no node named {args.name!r} is known to the cluster",
+                        hint=f"known nodes: {names} (trainwarden nodes lists them)")
         producer = bus.producer()
         state = "isolated" if args.action == "isolate" else "ready"
         producer.send(ACTUATOR_STATE, f"node:{args.name}", encode(NodeState(

@@ -338,6 +338,11 @@ class Notifier:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
+                if not self._inflight and not any(e.due <= self.clock() + remaining
+                                                  for e in self.queue.entries.values()):
+                    # Nothing can go out before the deadline (a held message, a
+                    # retry in backoff): waiting for it would only delay a stop.
+                    return False
                 if self._thread is not None:
                     self._cond.wait(min(remaining, 0.05))
                     continue

@@ -78,7 +78,7 @@ class ActuatorCounters:
 class ActuatorService:
     def __init__(self, bus: Bus, history, node_timeout_s: float = NODE_TIMEOUT_S,
                  clock: Callable[[], float] = clock_now, group: str = GROUP, slurm: Optional[SlurmSite] = None,
-                 say: Callable[[str], None] = lambda text: None):
+                 say: Callable[[str, str], None] = lambda text, job_id: None):
         self.history = history
         self.slurm = slurm
         self.say = say
@@ -161,8 +161,8 @@ class ActuatorService:
                 runtime = SlurmRuntime(self, job_id, spec, instances, settings, self.slurm)
             else:
                 if spec.runtime == "slurm":
-                    self.say(f"job {job_id} asks for Slurm, but this actuator has none (--slurm-dir); "
-                             "it runs on the agents")
+                    self.say("the job asks for Slurm, but this actuator has none (--slurm-dir); "
+                             "it runs on the agents", job_id)
                 runtime = AgentsRuntime(self, job_id, spec, instances, settings)
             facts = JobFacts(job_id=job_id, submitted_at=submitted_at, framework="", args=args,
                              instances=len(instances), node_name="")
@@ -186,7 +186,7 @@ class ActuatorService:
 
     def slurm_error(self, job_id: str, text: str) -> None:
         self.counters.slurm_errors += 1
-        self.say(f"job {job_id}: {text}")
+        self.say(text, job_id)
 
     # ------------------------------------------------------------ the loop
 

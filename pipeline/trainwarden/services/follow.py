@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+
+import msgspec
 from typing import Callable, Optional
 
 from trainwarden.bus import DECISIONS, EVENTS, LOGS, Bus
@@ -76,3 +78,18 @@ def _lines(message) -> list[LogLine]:
         return [LogLine(job_id=message.job_id, time=line.time, instance=message.instance, round=message.round,
                         start=message.start, text=line.text, stream=line.stream) for line in message.lines]
     return []
+
+
+def line_event(line: LogLine) -> dict:
+    """An output line as one JSON-lines event (``submit --follow --json``)."""
+    return {"event": "line", "job_id": line.job_id, "time": line.time, "instance": line.instance,
+            "round": line.round, "start": line.start, "stream": line.stream.value, "text": line.text}
+
+
+def decision_event(decision: Decision) -> dict:
+    """A decision as one JSON-lines event: its fields as on the bus (docs/MESSAGES.md)."""
+    fields = msgspec.to_builtins(decision)
+    # How to start the instances is the actuator's business, and long.
+    for bulky in ("spec", "instances", "starts"):
+        fields.pop(bulky, None)
+    return {"event": "decision", **fields}

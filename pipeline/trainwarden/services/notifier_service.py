@@ -81,6 +81,13 @@ class NotifierService:
             self.decisions.commit()
             self._uncommitted = False
 
+    def replace_notifications(self, make: Callable[[], DecisionNotifications]) -> None:
+        """New subscriptions (a reload): the current notifier stops and leaves
+        its queue on disk (held messages stay held), and ``make()`` opens the
+        same queue directory with the new ones."""
+        self.notifications.close(release_held=False)
+        self.notifications = make()
+
     def close(self) -> None:
         self.notifications.close(release_held=False)
         self.producer.flush(5)

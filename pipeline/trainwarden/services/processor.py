@@ -71,6 +71,11 @@ class Processor:
         self.consumer = bus.consumer([EVENTS, LOGS], group, from_beginning=True, on_assign=self._assigned.extend)
         self._next_tick = clock() + tick_s
 
+    def use_rules(self, pack: RulePack) -> None:
+        """Rules for the jobs submitted from now on (a reload). A running job
+        keeps the pack it started with: its state holds it."""
+        self.pack = pack
+
     # ------------------------------------------------------------ the loop
 
     def run_once(self, timeout_s: Optional[float] = None) -> None:
