@@ -12,7 +12,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,diagnose]'
+	$(PY) -m pip install --quiet -e '.[all,test,diagnose]'
 	touch $@
 
 example: setup

@@ -30,12 +30,12 @@ else:
 
 
 def _kafka():
+    # Imported on first use: `pip install trainwarden` (run and the SDK) has no Kafka client.
     try:
-        import kafka  # noqa: F401 - imported lazily: the embedded mode never needs it
-    except ImportError as exc:  # pragma: no cover - it is a dependency
-        raise BusError("kafka-python is not installed", hint="pip install kafka-python") from exc
-    import kafka
-
+        import kafka
+    except ImportError:
+        raise BusError("the cluster commands need the kafka-python client, which is not installed.",
+                       hint="pip install 'trainwarden[kafka]'") from None
     return kafka
 
 

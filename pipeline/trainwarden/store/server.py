@@ -21,6 +21,16 @@ from trainwarden.store.schema import EMBEDDED_DATABASE
 PASSWORD_ENV = "TRAINWARDEN_CLICKHOUSE_PASSWORD"
 
 
+def _clickhouse_connect():
+    # Imported on first use: `pip install trainwarden` (the embedded store) has no ClickHouse client.
+    try:
+        import clickhouse_connect
+    except ImportError:
+        raise StoreError("a ClickHouse --store URL needs the clickhouse-connect client, which is not installed.",
+                         hint="pip install 'trainwarden[clickhouse]'") from None
+    return clickhouse_connect
+
+
 def _hint(url: str) -> str:
     return f"check that the ClickHouse server at {url} is up, and the user and ${PASSWORD_ENV}"
 
@@ -161,7 +171,7 @@ class ServerStore:
         return sql
 
     def _new_client(self) -> Any:
-        import clickhouse_connect
+        clickhouse_connect = _clickhouse_connect()
         from clickhouse_connect.driver.exceptions import ClickHouseError
 
         options = {k: v for k, v in self._options.items() if k != "database"}
