@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,10 +19,15 @@ KAFKA_SCRIPT = ROOT / "deploy" / "kafka" / "local-kafka"
 
 class ServiceProcesses:
     def __init__(self, bootstrap: str, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 3.0,
-                 slurm_dir: Path | None = None):
+                 slurm_dir: Path | None = None, metrics: bool = False, rules: Path | None = None):
         """slurm_dir: the agents are those of the local Slurm cluster's nodes
-        (n1..n3), and the actuator runs --runtime slurm jobs through Slurm."""
+        (n1..n3), and the actuator runs --runtime slurm jobs through Slurm.
+        metrics: every service serves /metrics, /healthz and /readyz on a port
+        of its own (``metrics_url``). rules: the processor's --rules."""
         self.bootstrap = bootstrap
+        self.metrics = metrics
+        self.metrics_ports: dict[str, int] = {}
+        self.rules = rules
         self.slurm_dir = slurm_dir
         self.tmp = tmp
         self.store = tmp / "store"
@@ -47,8 +53,11 @@ class ServiceProcesses:
             args = ["actuator", "--store", str(self.store), "--node-timeout", str(self.node_timeout_s)]
             if self.slurm_dir:
                 args += ["--slurm-dir", str(self.slurm_dir)]
+        elif name == "processor" and self.rules is not None:
+            args = [name, "--rules", str(self.rules)]
         else:
             args = [name]
+        args += self._metrics_args(name)
         log = open(self.tmp / f"{name}.log", "ab")
         env = dict(self.env)
         if os.environ.get("TRAINWARDEN_TEST_KAFKA_DEBUG"):
@@ -67,10 +76,21 @@ class ServiceProcesses:
         proc = subprocess.Popen([*TRAINWARDEN, "agent", "--node", node, "--slots", str(self.slots),
                                  "--log-dir", str(self.tmp / f"logs-{node}"), "--address", "127.0.0.1",
                                  "--c4d-log", str(self.tmp / f"c4d-{node}.log"),
-                                 *(["--slurm-dir", str(self.slurm_dir)] if self.slurm_dir else [])],
+                                 *(["--slurm-dir", str(self.slurm_dir)] if self.slurm_dir else []),
+                                 *self._metrics_args(f"agent-{node}")],
                                 env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         self.procs[f"agent-{node}"] = proc
         return proc
+
+    def _metrics_args(self, name: str) -> list[str]:
+        if not self.metrics:
+            return []
+        # A restarted service keeps its port: a test scrapes the same address.
+        port = self.metrics_ports.setdefault(name, free_port())
+        return ["--metrics-address", f"127.0.0.1:{port}"]
+
+    def metrics_url(self, name: str, path: str = "/metrics") -> str:
+        return f"http://127.0.0.1:{self.metrics_ports[name]}{path}"
 
     def topic(self, kind: str) -> str:
         """This test's topic of a kind: logs, events, decisions, commands, nodes, actuator, deadletter."""
@@ -107,6 +127,12 @@ class ServiceProcesses:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def wait_for(predicate, timeout_s: float, what: str) -> None:

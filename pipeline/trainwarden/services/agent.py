@@ -50,6 +50,10 @@ REPORT_S = 1.0
 # A start command older than this is from before a restart of this agent: the
 # actuator has long since placed that incarnation elsewhere.
 COMMAND_TTL_S = 60.0
+# SIGTERM to SIGKILL of the instances when the agent itself stops: a service
+# stops within 5 s of its SIGTERM (Kubernetes' grace period is shorter than
+# a job's stop_grace_s would often be).
+STOP_GRACE_S = 3.0
 
 
 @dataclasses.dataclass
@@ -152,13 +156,18 @@ class Agent:
             self._ready = self.consumer.ready()
         return self._ready
 
-    def close(self, grace_s: float = 10.0) -> None:
+    def close(self, grace_s: float = STOP_GRACE_S) -> None:
         if self.c4d is not None:
             self.c4d.close()
-        for runtime in self.runtimes.values():
-            runtime.stop_all(grace_s)
-        for thread in self._stoppers:
-            thread.join(grace_s + 10)
+        deadline = time.monotonic() + grace_s + 0.5
+        # Every job's instances at once: one grace period in all, not one per job.
+        stops = [threading.Thread(target=runtime.stop_all, args=(grace_s,), daemon=True)
+                 for runtime in self.runtimes.values()]
+        for thread in stops:
+            thread.start()
+        for thread in [*stops, *self._stoppers]:
+            # A stack dump under way is not waited for: its instances are being stopped anyway.
+            thread.join(max(0.0, deadline - time.monotonic()))
         while (item := self.inbox.get(0.0)) is not None:
             self._local(item)
         self._ship_batches()
