@@ -5,8 +5,13 @@ the dashboards and ``trainwarden history``/``report`` cannot drift apart:
 ``python -m trainwarden.dashboards`` rewrites the files, and a test fails when
 the committed files differ from what this module builds.
 
-Data source: grafana-clickhouse-datasource with the uid provisioned by
-deploy/grafana/provisioning/datasources/clickhouse.yaml.
+Data source: every panel and variable names ``${datasource}``, a data-source
+variable over the grafana-clickhouse-datasource plugin, never a uid: the
+files import into any Grafana (file provisioning picks the default ClickHouse
+data source, deploy/grafana/provisioning/; an import through the UI asks for
+one, ``__inputs``). The macros follow one plugin version, ``PLUGIN_VERSION``,
+pinned wherever the plugin is installed (deploy/docker-compose.yml) and
+checked against the plugin's own tests (tests/store/test_plugin_macros.py).
 """
 
 from __future__ import annotations
@@ -18,7 +23,13 @@ from pathlib import Path
 from trainwarden.store.analytics import BY_NAME, VARIABLE_QUERIES
 from trainwarden.store.macros import ALL
 
-DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": "trainwarden-clickhouse"}
+PLUGIN_ID = "grafana-clickhouse-datasource"
+PLUGIN_VERSION = "4.18.0"  # the last release before macropro (4.19.0), which store/macros.py follows
+# Grafana's floor for that version of the plugin (its src/plugin.json).
+GRAFANA_DEPENDENCY = "11.6.0"
+DATASOURCE_VARIABLE = "datasource"
+DATASOURCE_INPUT = "DS_CLICKHOUSE"
+DATASOURCE = {"type": PLUGIN_ID, "uid": "${%s}" % DATASOURCE_VARIABLE}
 DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "dashboards"
 SCHEMA_VERSION = 39
 FORMAT_TIMESERIES, FORMAT_TABLE = 0, 1
@@ -37,6 +48,18 @@ def _variable(name: str, label: str, include_all: bool = True) -> dict:
         variable["allValue"] = ALL
         variable["current"] = {"selected": True, "text": "All", "value": "$__all"}
     return variable
+
+
+def _datasource_variable() -> dict:
+    # Its value is the import input's: a UI import substitutes the chosen data
+    # source; provisioned from a file it matches none, and Grafana takes the
+    # default ClickHouse data source.
+    chosen = "${%s}" % DATASOURCE_INPUT
+    return {
+        "name": DATASOURCE_VARIABLE, "label": "Data source", "type": "datasource", "query": PLUGIN_ID,
+        "pluginId": PLUGIN_ID, "regex": "", "refresh": 1, "hide": 0, "multi": False, "includeAll": False,
+        "current": {"selected": False, "text": chosen, "value": chosen}, "options": [],
+    }
 
 
 def _limit_variable() -> dict:
@@ -79,7 +102,7 @@ class _Layout:
             "fieldConfig": {"defaults": defaults, "overrides": overrides},
             "options": dict(options or {}),
             "targets": [{
-                "refId": "A", "datasource": DATASOURCE, "editorType": "sql", "pluginVersion": "",
+                "refId": "A", "datasource": DATASOURCE, "editorType": "sql", "pluginVersion": PLUGIN_VERSION,
                 "queryType": "timeseries" if fmt == FORMAT_TIMESERIES else "table", "format": fmt,
                 "rawSql": q.sql,
             }],
@@ -94,12 +117,18 @@ class _Layout:
 
 def _dashboard(uid: str, title: str, description: str, layout: _Layout, variables: list[dict]) -> dict:
     return {
+        "__inputs": [{"name": DATASOURCE_INPUT, "label": "ClickHouse", "description": "the Trainwarden history",
+                      "type": "datasource", "pluginId": PLUGIN_ID, "pluginName": "ClickHouse"}],
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": GRAFANA_DEPENDENCY},
+            {"type": "datasource", "id": PLUGIN_ID, "name": "ClickHouse", "version": PLUGIN_VERSION},
+        ],
         "uid": uid, "title": title, "description": description, "tags": ["trainwarden"],
         "timezone": "utc", "editable": False, "schemaVersion": SCHEMA_VERSION, "version": 1,
         "refresh": "1m", "time": {"from": "now-7d", "to": "now"},
         "annotations": {"list": []},
         "links": [{"title": "Trainwarden", "type": "dashboards", "tags": ["trainwarden"], "asDropdown": True}],
-        "templating": {"list": variables + [_limit_variable()]},
+        "templating": {"list": [_datasource_variable()] + variables + [_limit_variable()]},
         "panels": layout.panels,
     }
 

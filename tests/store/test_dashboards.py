@@ -66,12 +66,16 @@ def test_dashboards_have_unique_uids_titles_and_unique_panel_ids_on_a_valid_grid
             assert {"type", "title", "datasource", "targets"} <= set(panel)
 
 
-def test_every_panel_and_variable_uses_the_provisioned_clickhouse_data_source():
+def test_every_panel_and_variable_uses_the_datasource_variable_of_the_provisioned_plugin():
     provisioned = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/clickhouse.yaml").read_text())
-    source = provisioned["datasources"][0]
-    expected = {"type": source["type"], "uid": source["uid"]}
+    plugin = provisioned["datasources"][0]["type"]
+    expected = {"type": plugin, "uid": "${datasource}"}
     for name in FILES:
         board = _load(name)
+        chooser = board["templating"]["list"][0]
+        assert chooser["name"] == "datasource" and chooser["type"] == "datasource", name
+        assert chooser["pluginId"] == chooser["query"] == plugin
+        assert [i["pluginId"] for i in board["__inputs"]] == [plugin]
         for panel in board["panels"]:
             assert panel["datasource"] == expected
             for target in panel["targets"]:
