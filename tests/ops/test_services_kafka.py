@@ -14,8 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.cluster.processes import ServiceProcesses, behave, wait_for
 from tests.cluster.test_cluster_kafka import bootstrap  # noqa: F401 - fixture
 from tests.conftest import ROOT, TRAINWARDEN
+from tests.ops.support import get
 from tests.notify.conftest import ENV, receiver, subscription_yaml  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
@@ -53,18 +52,8 @@ STUBBORN = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\
 AWKWARD = 'quote " backslash \\ tab\t<b>[/red]</b> done'
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:
-        return 0, str(exc)
-
-
 def _samples(services: ServiceProcesses, name: str) -> dict[str, float]:
-    status, text = _get(services.metrics_url(name))
+    status, text = get(services.metrics_url(name))
     assert status == 200, text
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
@@ -79,7 +68,7 @@ def _service_names(services: ServiceProcesses) -> list[str]:
 
 
 def _all_ready(services: ServiceProcesses) -> bool:
-    return all(_get(services.metrics_url(name, path))[0] == 200
+    return all(get(services.metrics_url(name, path))[0] == 200
                for name in _service_names(services) for path in ("/healthz", "/readyz"))
 
 
@@ -166,7 +155,7 @@ def test_every_service_serves_metrics_health_and_readiness_while_a_job_runs_and_
         wait_for(lambda: follow.of_kind("restart_job"), 90, "the job's restart")
         # The job is still running (round 1): every service answers, and is ready.
         during = {name: _samples(services, name) for name in _service_names(services)}
-        assert all(_get(services.metrics_url(name, "/readyz"))[0] == 200 for name in _service_names(services))
+        assert all(get(services.metrics_url(name, "/readyz"))[0] == 200 for name in _service_names(services))
         assert follow.finish(services) == 0, services.logs() + follow.stderr
         after = {name: _samples(services, name) for name in _service_names(services)}
         (restart,) = follow.of_kind("restart_job")

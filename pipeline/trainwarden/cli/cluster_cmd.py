@@ -99,6 +99,10 @@ def add_commands(sub) -> None:
                                           "kill -HUP PID       # reloads the subscriptions; invalid ones are "
                                           "refused with file:line"))
     add_notify_options(notifier)
+    for flag in ("--notifications", "--notify-dir"):
+        # notify_cmd reads these variables already (shared with `run`); the help says so here.
+        action = notifier._option_string_actions[flag]
+        action.help = f"{action.help} [env {_env_name(flag)}]"
     _option(notifier, "--store", help="history store for the delivery log: a directory (chDB) or "
                                       "http(s)://user@host:port/db")
     _option(notifier, "--max-age", type=float, default=3600.0,
