@@ -24,6 +24,18 @@ class ConfigError(ValueError):
         self.hint = hint
 
 
+class ConfigErrors(ConfigError):
+    """Every mistake found in a set of config files, in the order found; its
+    text is one ``file:line: message`` per line, the first mistake first."""
+
+    def __init__(self, errors: list[ConfigError]):
+        first = errors[0]
+        super().__init__("")
+        self.args = ("\n".join(str(e) for e in errors),)
+        self.path, self.line, self.hint = first.path, first.line, first.hint
+        self.errors = list(errors)
+
+
 class LineDict(dict):
     line: int = 0
     key_lines: dict
@@ -145,10 +157,15 @@ class Fields:
         return value
 
     def done(self) -> None:
-        for key in self.mapping:
-            if key not in self.seen:
-                known = ", ".join(sorted(self.seen))
-                raise self.error(key, f"unknown key '{key}' in {self.what}", hint=f"known keys: {known}")
+        unknown = self.unknown()
+        if unknown:
+            raise unknown[0]
+
+    def unknown(self) -> list[ConfigError]:
+        """One error for each key nobody asked for."""
+        known = ", ".join(sorted(self.seen))
+        return [self.error(key, f"unknown key '{key}' in {self.what}", hint=f"known keys: {known}")
+                for key in self.mapping if key not in self.seen]
 
 
 def _kind_name(kinds: type | tuple[type, ...]) -> str:

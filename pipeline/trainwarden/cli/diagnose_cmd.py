@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from rich.text import Text
 
 from trainwarden.cli.output import fail, out_console, print_json, table
+from trainwarden.cli.stores import job_known, open_existing, store_target
 from trainwarden.diagnose.advice import advise
 from trainwarden.diagnose.report import build_report
 from trainwarden.diagnose.stacks import parse_any, split_concatenated
-from trainwarden.store import default_store_dir, open_reader
 from trainwarden.yamlsrc import ConfigError
 
 COMMANDS = frozenset({"stacks", "advise"})
@@ -88,9 +87,12 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _stored(args: argparse.Namespace) -> int:
-    store = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
-    with open_reader(store) as reader:
+    store = store_target(args)
+    with open_existing(store) as reader:
         rows = reader.select(STACKS_SQL, {"job_id": args.job, "round": args.round})
+        if not rows and not job_known(reader, args.job):
+            return fail(f"the history store {store} has no job {args.job!r}",
+                        hint="'trainwarden history --jobs' lists the jobs it has")
     reports = [dict(row, time=int(row.pop("time_ms")) / 1000, report=json.loads(row.pop("report_json")))
                for row in rows]
     if args.json:

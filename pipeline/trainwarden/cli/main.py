@@ -12,8 +12,9 @@ import signal
 import sys
 from typing import Optional, Sequence
 
+from trainwarden.cli.completion import SHELLS, script
 from trainwarden.cli.notify_cmd import add_notify_options
-from trainwarden.cli.output import fail
+from trainwarden.cli.output import UsageError, add_output_options, fail
 from trainwarden.events import ErrorSource
 from trainwarden.settings import SettingsError
 from trainwarden.yamlsrc import ConfigError
@@ -25,7 +26,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="trainwarden", description="Fault-tolerance engine for distributed training jobs.")
+    parser = _Parser(prog="trainwarden", description="Fault-tolerance engine for distributed training jobs.",
+                     epilog=_examples("trainwarden run --nproc 2 --args \"--enable-job-restart=True\" -- python train.py",
+                                      "trainwarden history --aggregate --since 24h",
+                                      "trainwarden COMMAND --help"),
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -63,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--spot", action="store_true",
                          help="spot jobs: every lifecycle step (queued, running, requeued, ...) with its cost so far")
     history.add_argument("--limit", type=_positive, default=None, help="at most this many rows (newest)")
-    history.add_argument("--json", action="store_true", help="JSON for machines")
+    add_output_options(history, names="fault record id (--jobs: job id, --aggregate: error signature)",
+                       wide="reason, rule, category; the same as --wide")
     history.add_argument("--since", type=_since, default=None,
                          help="only faults since a duration ago (90s, 15m, 24h, 7d) or a UTC time (2026-01-31T12:00)")
     history.add_argument("--node", help="only faults on this node")
@@ -95,17 +103,48 @@ def build_parser() -> argparse.ArgumentParser:
     rules = sub.add_parser("rules", help="check and test rule files")
     rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION", parser_class=_Parser)
     rules_sub.required = True
-    validate = rules_sub.add_parser("validate", help="load a rules directory strictly and list its rules")
-    validate.add_argument("directory", nargs="?", help="rules directory (default: the shipped rules)")
-    validate.add_argument("--json", action="store_true")
+    validate = rules_sub.add_parser(
+        "validate", help="load rule files strictly, report every mistake, list the rules",
+        description="Load the rule files as one rule pack, strictly: every mistake of every file is reported, "
+                    "file:line each, and the exit code is 2 if there is any.",
+        epilog="examples:\n  trainwarden rules validate\n  trainwarden rules validate rules/\n"
+               "  trainwarden rules validate rules/10-catalogue.yaml rules/50-site.yaml\n"
+               "  trainwarden rules validate my-rules/ -o json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    validate.add_argument("paths", nargs="*", metavar="PATH",
+                          help="rule files (read in the order given) or directories (their *.yaml in name order); "
+                               "default: the shipped rules")
+    add_output_options(validate, names="section/name")
     test = rules_sub.add_parser("test", help="run rule unit tests (YAML timelines)")
     test.add_argument("files", nargs="+", help="test files or directories of them")
     test.add_argument("--rules", help="rules directory for every test file (default: each file's rule_files)")
     test.add_argument("--json", action="store_true")
 
+    completion = sub.add_parser(
+        "completion", help="shell completion for bash, zsh or fish",
+        description="Print a completion script for every command and option.",
+        epilog=_examples("source <(trainwarden completion bash)      # in ~/.bashrc",
+                         "source <(trainwarden completion zsh)       # in ~/.zshrc",
+                         "trainwarden completion fish > ~/.config/fish/completions/trainwarden.fish"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    completion.add_argument("shell", choices=SHELLS, help="the shell to complete in")
+
     for module in _command_modules():
         module.add_commands(sub)
     return parser
+
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trainwarden")
+    except PackageNotFoundError:
+        return "(not installed as a package)"
 
 
 # Modules that add commands: each has add_commands(subparsers), a COMMANDS set
@@ -221,6 +260,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
     from trainwarden.store import StoreError
+    from trainwarden.store.base import StoreMissing
 
     try:
         if args.command == "run":
@@ -238,6 +278,9 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
             from trainwarden.cli.history_cmd import cmd_history
 
             return cmd_history(args)
+        if args.command == "completion":
+            sys.stdout.write(script(build_parser(), args.shell))
+            return 0
         if args.command == "classify":
             from trainwarden.cli.classify_cmd import cmd_classify
 
@@ -247,8 +290,11 @@ def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
         if args.rules_command == "validate":
             return rules_cmd.cmd_validate(args)
         return rules_cmd.cmd_test(args)
+    except UsageError as exc:
+        return fail(str(exc), exc.hint)
     except StoreError as exc:
-        return fail(str(exc), getattr(exc, "hint", ""), code=1)
+        # A store that is not there was named wrong: a usage error, as a job that is not there.
+        return fail(str(exc), getattr(exc, "hint", ""), code=2 if isinstance(exc, StoreMissing) else 1)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import msgspec
 
-from trainwarden.cli.output import err_console, fail, iso, out_console, print_json, table
+from trainwarden.cli.output import add_output_options, err_console, fail, iso, listing, out_console, print_json
+from trainwarden.cli.tables import Col, time_col
+from trainwarden.cli.stores import open_existing, store_target
 from trainwarden.notify import (
     EVENT_TYPES,
     default_directory,
@@ -24,7 +26,7 @@ from trainwarden.notify.bridge import NotifyOptions
 from trainwarden.notify.notifier import Notifier
 from trainwarden.notify.queue import QueueError
 from trainwarden.notify.safety import redact
-from trainwarden.store import default_store_dir, open_reader, open_writer
+from trainwarden.store import open_writer
 from trainwarden.store.queries import deliveries
 from trainwarden.notify.transport import send_once
 
@@ -67,7 +69,7 @@ def add_commands(sub) -> None:
     actions.required = True
     validate = actions.add_parser("validate", help="load a subscriptions directory strictly and list it")
     validate.add_argument("directory", nargs="?", help="subscriptions directory (default: the shipped examples)")
-    validate.add_argument("--json", action="store_true", help="JSON for machines")
+    add_output_options(validate, names="subscription name")
     test = actions.add_parser("test", help="send a sample event to one subscription and print the answer")
     test.add_argument("name", help="the subscription's name")
     test.add_argument("--dir", help="subscriptions directory (default: the shipped examples)")
@@ -81,7 +83,7 @@ def add_commands(sub) -> None:
     log.add_argument("--limit", type=int, default=None, help="at most this many rows (newest)")
     log.add_argument("--store", help="history store (default: $TRAINWARDEN_STORE or the per-user state directory)")
     log.add_argument("--notify-dir", help="read this notifier directory's deliveries.jsonl instead of the store")
-    log.add_argument("--json", action="store_true", help="JSON for machines")
+    add_output_options(log)
     flush = actions.add_parser("flush", help="send what a stopped notifier left queued in its directory",
                                description="Delivers the pending deliveries of a queue directory (e.g. one a run "
                                            "left behind) with the given subscriptions, then stops.")
@@ -106,19 +108,19 @@ def _validate(args: argparse.Namespace) -> int:
     directory = Path(args.directory) if args.directory else shipped_notifications_dir()
     subs = load_subscriptions(directory)
     missing = [(s.name, name) for s, name in missing_env(subs, os.environ)]
-    if args.json:
-        print_json({"valid": True, "files": list(subs.files), "subscriptions": [
+    data = {"valid": True, "files": list(subs.files), "subscriptions": [
             {"name": s.name, "enabled": s.enabled, "events": list(s.events), "jobs": list(s.jobs),
              "min_severity": s.min_severity.value, "receives": s.event_types(), "method": s.target.method,
              "url": s.target.shown_url(), "signed": bool(s.secret), "body": _body(s),
              "rate_limit_s": s.rate_limit_s, "max_attempts": s.retry.max_attempts, "origin": s.origin}
-            for s in subs], "missing_env": [{"subscription": s, "variable": v} for s, v in missing]})
-        return 0
+            for s in subs], "missing_env": [{"subscription": s, "variable": v} for s, v in missing]}
     rows = [(s.name, "yes" if s.enabled else "no", _cut(", ".join(s.events), 40), _cut(", ".join(s.jobs), 20),
              s.min_severity.value, s.target.shown_url(), _body(s),
              f"{s.rate_limit_s:g} s" if s.rate_limit_s else "off", _where(s.origin)) for s in subs]
-    table(f"{directory}: {len(subs.files)} files, {len(subs)} subscriptions, valid",
-          ("name", "on", "events", "jobs", "severity", "target", "body", "limit", "where"), rows, wide=("target",))
+    listing(args, f"{directory}: {len(subs.files)} files, {len(subs)} subscriptions, valid",
+            [Col("name"), Col("on"), Col("events", drop=3), Col("jobs", drop=2), Col("severity", drop=1),
+             Col("target", gives_way=True), Col("body"), Col("limit", drop=4), Col("where", drop=5)], rows,
+            data=data, names=(s.name for s in subs))
     for name, variable in missing:
         err_console.print(f"warning: subscription {name} needs ${variable}, which is not set here",
                           markup=False, highlight=False)
@@ -183,7 +185,7 @@ def _test(args: argparse.Namespace) -> int:
 
 
 def _store_dir(args: argparse.Namespace) -> str:
-    return args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+    return store_target(args)
 
 
 def _log(args: argparse.Namespace) -> int:
@@ -194,17 +196,15 @@ def _log(args: argparse.Namespace) -> int:
         rows = [msgspec.structs.asdict(r) for r in read_delivery_log(where, args.job, args.limit)]
     else:
         where = _store_dir(args)
-        with open_reader(where) as reader:
+        with open_existing(where) as reader:
             rows = deliveries(reader, job_id=args.job, limit=args.limit)
-    if args.json:
-        print_json(rows)
-        return 0
     title = f"deliveries{' of ' + args.job if args.job else ''} ({where})"
-    table(title, ("time", "job", "event", "subscription", "status", "attempts", "http", "latency ms", "error"),
-          [(iso(r["time"]), r["job_id"], r["event_type"], r["subscription"], r["status"], r["attempts"],
-            r["http_status"] or "", f"{r['latency_ms']:g}" if r["latency_ms"] else "", r["error"]) for r in rows],
-          wide=("error",))
-    return 0
+    return listing(args, title, [time_col("time"), Col("job"), Col("event", drop=2), Col("subscription"),
+                                 Col("status"), Col("attempts"), Col("http", drop=3), Col("latency ms", drop=1),
+                                 Col("error", gives_way=True)],
+                   [(iso(r["time"]), r["job_id"], r["event_type"], r["subscription"], r["status"], r["attempts"],
+                     r["http_status"] or "", f"{r['latency_ms']:g}" if r["latency_ms"] else "", r["error"])
+                    for r in rows], data=rows)
 
 
 def _flush(args: argparse.Namespace) -> int:

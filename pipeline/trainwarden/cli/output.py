@@ -9,14 +9,14 @@ from typing import Iterable, Sequence
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
+
+from trainwarden.cli.tables import Col, render
 
 from trainwarden.events import Decision, DecisionKind, LogLine, Stream
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 # Piped output keeps whole rows rather than wrapping at rich's default of 80 columns.
-out_console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 220)
+out_console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
 
 
 def fail(message: str, hint: str = "", code: int = 2) -> int:
@@ -43,24 +43,73 @@ def print_json(data: object) -> None:
     sys.stdout.flush()
 
 
-def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]], wide: Sequence[str] = ()) -> None:
-    """Columns named in ``wide`` may take the room left and are cut with an ellipsis."""
-    t = Table(title=Text(title), title_justify="left", show_lines=False, header_style="bold", box=None, pad_edge=False)
-    for column in columns:
-        if column in wide:
-            t.add_column(column, overflow="ellipsis", no_wrap=True, max_width=90)
-        else:
-            t.add_column(column, no_wrap=True)
-    count = 0
-    for row in rows:
-        # Job text is data: a gloo message starts with "[/path/pair.cc:561]",
-        # which Rich would read as a closing tag.
-        t.add_row(*(Text("" if v is None else str(v)) for v in row))
-        count += 1
-    if count == 0:
-        out_console.print(Text(f"{title}: nothing recorded yet."))
-        return
-    out_console.print(t)
+def terminal_width() -> int | None:
+    """The terminal's width, or None when the output is piped (whole rows then)."""
+    return out_console.width if out_console.is_terminal else None
+
+
+def table(title: str, columns: Sequence[str | Col], rows: Iterable[Sequence[object]], wide: Sequence[str] = (),
+          *, headers: bool = True, show_all: bool = False, empty: str = "nothing recorded yet.") -> None:
+    """Columns named in ``wide`` (or Col(gives_way=True)) take the room left and are cut with an ellipsis."""
+    spec = [c if isinstance(c, Col) else Col(c, gives_way=c in wide) for c in columns]
+    render(out_console, title, spec, list(rows), width=terminal_width(), wide=show_all, headers=headers,
+           empty=f"{title}: {empty}")
+
+
+# ------------------------------------------------------------------ -o FORMAT
+
+FORMATS = ("table", "wide", "json", "name")
+
+
+def add_output_options(parser, names: str = "", wide: str = "") -> None:
+    """``-o table|wide|json|name``, ``--json`` (the same as -o json) and
+    ``--no-headers``. ``names`` says what -o name prints (none: not offered);
+    ``wide`` what -o wide adds to the table."""
+    choices = [f for f in FORMATS if f != "name" or names]
+    described = {"table": "a table fitted to the terminal (default)",
+                 "wide": "every column, nothing cut" + (f" (adds {wide})" if wide else ""),
+                 "json": "JSON for machines", "name": f"one {names} per line"}
+    parser.add_argument("-o", "--output", choices=choices, default=None, metavar="FORMAT",
+                        help="; ".join(f"{c}: {described[c]}" for c in choices))
+    parser.add_argument("--json", action="store_true", help="the same as -o json")
+    parser.add_argument("--no-headers", action="store_true", help="tables without title and header line, "
+                                                                  "for scripts")
+
+
+def output_format(args) -> str:
+    chosen = getattr(args, "output", None)
+    if getattr(args, "json", False):
+        if chosen not in (None, "json"):
+            raise UsageError(f"--json and -o {chosen} disagree", hint="give one of them")
+        return "json"
+    if getattr(args, "wide", False):
+        if chosen not in (None, "wide", "table"):
+            raise UsageError(f"--wide and -o {chosen} disagree", hint="give one of them")
+        return "wide"
+    return chosen or "table"
+
+
+class UsageError(Exception):
+    """A usage mistake found after parsing; main prints it and exits 2."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
+
+
+def listing(args, title: str, columns: Sequence[str | Col], rows: Iterable[Sequence[object]], *,
+            data: object, names: Iterable[str] = (), wide: Sequence[str] = (), empty: str = "") -> int:
+    """One list in the format asked for; ``data`` is what -o json prints."""
+    fmt = output_format(args)
+    if fmt == "json":
+        print_json(data)
+    elif fmt == "name":
+        for name in dict.fromkeys(names):  # once each, in order
+            out_console.file.write(f"{name}\n")
+    else:
+        table(title, columns, rows, wide, headers=not getattr(args, "no_headers", False), show_all=fmt == "wide",
+              **({"empty": empty} if empty else {}))
+    return 0
 
 
 _ACTION_STYLE = {

@@ -7,15 +7,25 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from trainwarden.cli.output import err_console, out_console, print_json, table
-from trainwarden.rules.loader import load_rules, rule_files, shipped_rules_dir
+from trainwarden.cli.output import err_console, listing, out_console, output_format, print_json
+from trainwarden.cli.tables import Col
+from trainwarden.rules.loader import load_rule_files, rule_files, shipped_rules_dir
 from trainwarden.rules.testing import run_files
 from trainwarden.yamlsrc import ConfigError
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    directory = Path(args.directory) if args.directory else shipped_rules_dir()
-    pack = load_rules(directory)
+    paths = [Path(p) for p in args.paths] or [shipped_rules_dir()]
+    try:
+        pack = load_rule_files(_rule_paths(paths))
+    except ConfigError as exc:
+        if output_format(args) != "json":
+            raise  # main prints every mistake, file:line each
+        errors = getattr(exc, "errors", [exc])
+        print_json({"valid": False, "errors": [{"file": e.path, "line": e.line,
+                                                "message": str(e).removeprefix(f"{e.path}:{e.line}: ")}
+                                               for e in errors]})
+        return 2
     rows = ([("classifier", c.name, f"{c.category}, {c.verdict.value.replace('_', ' ')}, "
               f"priority {c.priority}" + (", aftermath" if c.aftermath else ""), str(c.origin))
              for c in pack.classifiers]
@@ -23,12 +33,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
             + [("limit", lim.name, f"{lim.kind.value} -> fail_job ({lim.reason.value})", str(lim.origin))
                for lim in pack.limits]
             + [("detector", d.name, f"{d.kind.value} -> {d.action.value}", str(d.origin)) for d in pack.detectors])
-    if args.json:
-        print_json({"valid": True, "files": list(pack.files),
-                    "rules": [dict(zip(("section", "name", "summary", "origin"), row)) for row in rows]})
-        return 0
-    table(f"{directory}: {len(pack.files)} files, valid", ("section", "name", "what", "where"), rows)
-    return 0
+    where = ", ".join(str(p) for p in paths)
+    return listing(args, f"{where}: {len(pack.files)} files, valid",
+                   [Col("section"), Col("name"), Col("what", gives_way=True), Col("where", drop=1)], rows,
+                   data={"valid": True, "files": list(pack.files),
+                         "rules": [dict(zip(("section", "name", "summary", "origin"), row)) for row in rows]},
+                   names=(f"{section}/{name}" for section, name, _, _ in rows))
+
+
+def _rule_paths(paths: list[Path]) -> list[Path]:
+    """Files as given, directories as their rule files in name order."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found.extend(rule_files(path))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise ConfigError("no such rule file or directory", path, hint="give YAML rule files or directories")
+    return found
 
 
 def _test_files(paths: list[str]) -> list[Path]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from trainwarden.cli.output import print_json, table
+from trainwarden.cli.output import add_output_options, listing
+from trainwarden.cli.tables import Col
 from trainwarden.runtime.base import Capability
 from trainwarden.runtime.registry import runtimes
 
@@ -13,17 +14,20 @@ TAKES_COMMAND: set = set()
 
 
 def add_commands(sub) -> None:
-    parser = sub.add_parser("runtimes", help="the runtimes jobs can run on, and what each can do")
-    parser.add_argument("--json", action="store_true")
+    parser = sub.add_parser("runtimes", help="the runtimes jobs can run on, and what each can do",
+                            epilog="examples:\n  trainwarden runtimes\n  trainwarden runtimes -o json\n"
+                                   "  trainwarden runtimes -o name",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_output_options(parser, names="runtime name")
 
 
 def dispatch(args: argparse.Namespace, command: list[str]) -> int:
     kinds = runtimes()
-    if args.json:
-        print_json([{"name": k.name, "summary": k.summary, "command": k.command,
-                     "capabilities": [c.value for c in Capability if c in k.capabilities]} for k in kinds])
-        return 0
-    table("runtimes", ["runtime", "runs on", "command", *(c.value.replace("_", " ") for c in Capability)],
-          [[k.name, k.summary, k.command, *("yes" if c in k.capabilities else "-" for c in Capability)]
-           for k in kinds], wide=["runs on"])
-    return 0
+    columns = [Col("runtime"), Col("runs on", gives_way=True), Col("command", drop=1),
+               *(Col(c.value.replace("_", " ")) for c in Capability)]
+    return listing(args, "runtimes", columns,
+                   [[k.name, k.summary, k.command, *("yes" if c in k.capabilities else "-" for c in Capability)]
+                    for k in kinds],
+                   data=[{"name": k.name, "summary": k.summary, "command": k.command,
+                          "capabilities": [c.value for c in Capability if c in k.capabilities]} for k in kinds],
+                   names=(k.name for k in kinds))

@@ -9,11 +9,11 @@ that the services' user may not alter) and says where the schema stands.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 from trainwarden.cli.output import out_console, print_json
-from trainwarden.store import default_store_dir, migrate, open_reader
+from trainwarden.cli.stores import open_existing, store_target
+from trainwarden.store import migrate, open_reader
 
 COMMANDS = frozenset({"store"})
 TAKES_COMMAND: frozenset = frozenset()
@@ -37,7 +37,7 @@ def add_commands(sub) -> None:
 
 
 def dispatch(args: argparse.Namespace, command: list[str]) -> int:
-    target = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+    target = store_target(args)
     if args.store_action == "optimize":
         return _optimize(target, args)
     with open_reader(target) as reader:
@@ -58,7 +58,7 @@ def dispatch(args: argparse.Namespace, command: list[str]) -> int:
 
 def _optimize(target: str, args: argparse.Namespace) -> int:
     started = time.monotonic()
-    with open_reader(target) as reader:
+    with open_existing(target) as reader:
         tables = reader.optimize()
     elapsed = time.monotonic() - started
     if args.json:

@@ -4,14 +4,16 @@ Files (``*.yaml``/``*.yml`` directly in the directory) are read in name order
 and their lists concatenated. A rule whose name already exists is an error
 unless it says ``replace: true``; ``enabled: false`` with ``replace: true``
 switches a shipped rule off. Any error names the file and line, and nothing
-is applied unless every file is valid.
+is applied unless every file is valid. A mistake in one entry does not stop
+the reading: every entry of every file is checked, and all the mistakes are
+reported together (``ConfigErrors``), as promtool does.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from trainwarden.events import DecisionKind, ErrorSource, Reason
 from trainwarden.rules.model import (
@@ -32,7 +34,7 @@ from trainwarden.evidence.facts import FACT_NAMES
 from trainwarden.rules.patterns import PatternError, PatternIndex, compile_pattern
 from trainwarden.evidence.traceback import Origin as FrameOrigin
 from trainwarden.settings import FLAGS, ExecutionMode, FaultTolerantPolicy
-from trainwarden.yamlsrc import ConfigError, Fields, LineDict, load_yaml_file
+from trainwarden.yamlsrc import ConfigError, ConfigErrors, Fields, LineDict, load_yaml_file
 
 SECTIONS = ("classifiers", "responses", "detectors", "limits", "diagnoses")
 DIAGNOSIS_KINDS = ("RankCommHang", "RankNonCommHang", "RankCommSlow", "RankNonCommSlow")
@@ -64,35 +66,55 @@ def rule_files(directory: str | Path) -> list[Path]:
 
 def load_rules(directory: str | Path | None = None) -> RulePack:
     directory = Path(directory) if directory is not None else shipped_rules_dir()
+    return load_rule_files(rule_files(directory))
+
+
+def load_rule_files(paths: Sequence[str | Path]) -> RulePack:
+    """These files as one pack, read in the order given (a directory's are in name order)."""
     builder = _PackBuilder()
-    for path in rule_files(directory):
-        builder.add_file(path)
+    for path in paths:
+        builder.add_file(Path(path))
     return builder.build()
 
 
 class _PackBuilder:
     def __init__(self) -> None:
         self.entries: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+        # Names of entries refused for a mistake: a later 'replace' of one is not a second mistake.
+        self.refused: dict[str, set[str]] = {section: set() for section in SECTIONS}
         self.settings: dict[str, Any] = {}
         self.files: list[str] = []
+        self.errors: list[ConfigError] = []
+
+    def _checked(self, check: Callable[[], Any], default: Any = None) -> Any:
+        """The check's result, or ``default`` with its mistake kept for the report."""
+        try:
+            return check()
+        except ConfigError as exc:
+            self.errors.extend(getattr(exc, "errors", [exc]))
+            return default
 
     def add_file(self, path: Path) -> None:
-        document = load_yaml_file(path)
-        if document is None:
+        document = self._checked(lambda: load_yaml_file(path), ...)
+        if document is ... or document is None:
             return
-        top = Fields(document, path, "a rule file")
-        version = top.get("version", int, 1)
+        top = self._checked(lambda: Fields(document, path, "a rule file"))
+        if top is None:
+            return
+        version = self._checked(lambda: top.get("version", int, 1), 1)
         if version != 1:
-            raise top.error("version", f"unsupported rule file version {version}; this Trainwarden reads version 1")
+            self.errors.append(top.error("version", f"unsupported rule file version {version}; this Trainwarden "
+                                                    "reads version 1"))
+            return
         for section in SECTIONS:
-            items = top.get(section, list, [])
+            items = self._checked(lambda: top.get(section, list, []), [])
             parse = _PARSERS[section]
             for index, item in enumerate(items):
-                self._add(section, item, path, items.line_of(index), parse)
-        settings = top.get("settings", dict, None)
+                self._checked(lambda: self._add(section, item, path, items.line_of(index), parse))
+        settings = self._checked(lambda: top.get("settings", dict, None))
         if settings is not None:
-            self._settings(Fields(settings, path, "settings"))
-        top.done()
+            self._checked(lambda: self._settings(Fields(settings, path, "settings")))
+        self.errors.extend(top.unknown())
         self.files.append(str(path))
 
     def _add(self, section: str, item: Any, path: Path, line: int,
@@ -107,7 +129,10 @@ class _PackBuilder:
         if name in existing and not replace:
             raise fields.error("name", f"{section[:-1]} '{name}' is already defined at {existing[name][0]}",
                                hint="add 'replace: true' to override it")
+        refused = self.refused[section]
         if replace and name not in existing:
+            if name in refused:
+                return  # the rule it replaces was refused already; that mistake is reported
             raise fields.error("replace", f"'replace: true' but no earlier {section[:-1]} is named '{name}'")
         origin = Origin(str(path), fields.line())
         if not enabled:
@@ -116,8 +141,12 @@ class _PackBuilder:
                 raise fields.error(sorted(extra)[0], "a disabled rule takes only 'name', 'replace' and 'enabled'")
             existing.pop(name, None)
             return
-        rule = parse(fields, origin)
-        fields.done()
+        try:
+            rule = parse(fields, origin)
+            fields.done()
+        except ConfigError:
+            refused.add(name)
+            raise
         existing[name] = (origin, rule)
 
     def _settings(self, fields: Fields) -> None:
@@ -152,6 +181,9 @@ class _PackBuilder:
         fields.done()
 
     def build(self) -> RulePack:
+        if self.errors:
+            raise ConfigErrors(self.errors)
+
         def rules(section: str) -> tuple:
             return tuple(rule for _, rule in self.entries[section].values())
 

@@ -21,6 +21,11 @@ class StoreError(Exception):
         self.hint = hint
 
 
+class StoreMissing(StoreError):
+    """A read asked for a store that was never written: reading must not
+    create it (a typo in --store would otherwise look like an empty history)."""
+
+
 @runtime_checkable
 class HistoryReader(Protocol):
     """Query results are lists of dicts; times are float seconds since the epoch."""

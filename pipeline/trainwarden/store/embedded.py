@@ -31,7 +31,7 @@ from typing import Iterator, Mapping, Sequence
 from chdb import session as chdb_session
 
 from trainwarden.store import locking, migrate, queries
-from trainwarden.store.base import Record, StoreError
+from trainwarden.store.base import Record, StoreError, StoreMissing
 from trainwarden.store.ingest import IngestReport, ingest
 from trainwarden.store.schema import EMBEDDED_DATABASE
 
@@ -96,6 +96,25 @@ class EmbeddedStore:
         self._lock_fd: int | None = None
         self._session: chdb_session.Session | None = None
         self._sql: _ChdbSql | None = None
+        self._must_exist = False
+
+    def exists(self) -> bool:
+        """A writer's spool or an ingested database is there."""
+        return any((self.directory / sub).is_dir() for sub in ("chdb", "spool"))
+
+    def require_existing(self) -> "EmbeddedStore":
+        """For readers: refuse (StoreMissing) a directory no writer has used, now
+        and at every opening, instead of creating an empty store there."""
+        self._must_exist = True
+        self._check_exists()
+        return self
+
+    def _check_exists(self) -> None:
+        if self._must_exist and not self.exists():
+            what = "holds no history store" if self.directory.is_dir() else "does not exist"
+            raise StoreMissing(f"The history store {self.directory} {what}.",
+                               hint="give the directory a run or the actuator wrote to (--store or "
+                                    "$TRAINWARDEN_STORE); a run creates it")
 
     def __enter__(self) -> "EmbeddedStore":
         self._open()
@@ -199,6 +218,7 @@ class EmbeddedStore:
         self._owner, self._depth = me, 1
 
     def _connect(self, lock_timeout_s: float) -> None:
+        self._check_exists()
         try:
             for sub in ("chdb", "spool"):
                 (self.directory / sub).mkdir(parents=True, exist_ok=True)

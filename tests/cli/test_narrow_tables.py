@@ -1,0 +1,75 @@
+"""On an 80-column terminal (a real one: tmux) the tables keep ids and counts whole and the message gives way."""
+
+import os
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from trainwarden.store import open_writer
+
+from tests.conftest import ROOT, TRAINWARDEN
+from tests.history_seed import JOB_A, JOB_B, NODES, seed
+
+TMUX = shutil.which("tmux") or "/usr/bin/tmux"
+pytestmark = pytest.mark.skipif(not os.path.exists(TMUX), reason="tmux is not installed")
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory):
+    store = tmp_path_factory.mktemp("narrow") / "store"
+    seed(open_writer(store))
+    return store
+
+
+def on_terminal(store, *args: str, columns: int = 80) -> list[str]:
+    """The screen after running the command in a detached columns x 24 tmux session."""
+    session = f"tw-{uuid.uuid4().hex[:8]}"
+    done = store.parent / f"{session}.done"
+    command = " ".join(shlex.quote(a) for a in [*TRAINWARDEN, *args])
+    script = (f"cd {shlex.quote(str(ROOT))} && PYTHONPATH={shlex.quote(str(ROOT / 'pipeline'))} "
+              f"TRAINWARDEN_STORE={shlex.quote(str(store))} {command}; touch {shlex.quote(str(done))}; sleep 60")
+    subprocess.run([TMUX, "new-session", "-d", "-s", session, "-x", str(columns), "-y", "24", "bash", "-c", script],
+                   check=True, env={k: v for k, v in os.environ.items() if k not in ("TMUX", "COLUMNS", "LINES")})
+    try:
+        deadline = time.time() + 60
+        while not done.exists():
+            assert time.time() < deadline, "the command did not finish in 60 s"
+            time.sleep(0.2)
+        screen = subprocess.run([TMUX, "capture-pane", "-p", "-t", session], check=True, capture_output=True,
+                                text=True).stdout
+    finally:
+        subprocess.run([TMUX, "kill-session", "-t", session], capture_output=True)
+    return [line for line in screen.splitlines() if line.strip()]
+
+
+def test_history_keeps_job_ids_nodes_instances_and_codes_whole(seeded):
+    screen = on_terminal(seeded, "history")
+    header = screen[1].split()
+    assert header[:5] == ["time", "job", "node", "instance", "code"] and header[-1] == "message", screen
+    rows = screen[2:]
+    assert len(rows) == 7 and all(len(line) <= 80 for line in screen), screen
+    for line in rows:
+        day, clock, job, node, instance, code = line.split()[:6]
+        assert job in (JOB_A, JOB_B) and node in NODES and instance.startswith("worker-") and code.isdigit(), line
+    assert any("RuntimeError: CUDA" in line and line.endswith("…") for line in rows), rows
+    assert "hidden" in screen[0]
+
+
+def test_aggregate_keeps_counts_codes_nodes_and_instances(seeded):
+    screen = on_terminal(seeded, "history", "--aggregate")
+    header = screen[1].split()
+    for column in ("count", "code", "error", "node", "instance"):
+        assert column in header, screen
+    rows = [line.split() for line in screen[2:]]
+    assert sorted(int(r[0]) for r in rows) == [1, 1, 1, 2, 2] and all(len(line) <= 80 for line in screen), screen
+    assert all(any(n in r for n in NODES) and any(w.startswith("worker-") for w in r) for r in rows), rows
+
+
+def test_a_wide_terminal_shows_every_column_and_whole_messages(seeded):
+    screen = on_terminal(seeded, "history", columns=200)
+    assert screen[0] == "Fault records" and screen[1].split()[6:9] == ["source", "action", "result"], screen
+    assert any(line.rstrip().endswith("RuntimeError: CUDA error: out of memory (tried 0 GiB)") for line in screen)
