@@ -47,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     _store_option(run)
     run.add_argument("--rules", help="rules directory (default: the shipped rules)")
     run.add_argument("--quiet", action="store_true", help="do not echo the instances' output")
+    run.add_argument("-o", "--output", choices=("text", "json"), default="text", metavar="FORMAT",
+                     help="text: output lines and decisions for people (default); json: one JSON object per "
+                          "line and event on standard output (instance started/exited, round, decision, "
+                          "job finished)")
+    run.add_argument("--log-dir", metavar="DIR", default=os.environ.get("TRAINWARDEN_LOG_DIR"),
+                     help="also write each instance's output to DIR/JOB/INSTANCE/rROUND-sSTART.STREAM.log, as the "
+                          "agents do (default: $TRAINWARDEN_LOG_DIR, else no files)")
     run.add_argument("--stack-tools", default=os.environ.get("TRAINWARDEN_STACK_TOOLS", "py-spy,pystack"),
                      help="tools for stack snapshots of a hung job, in order of preference (default py-spy,pystack;"
                           " 'none' to skip)")

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from pathlib import Path
 
+from trainwarden.cli.jsonlines import JsonReporter
 from trainwarden.cli.output import ConsoleReporter, err_console, fail
+from trainwarden.cli.stores import store_target
 from trainwarden.cli.notify_cmd import notify_options
 from trainwarden.diagnose.collect import tool_order
 from trainwarden.jobspec import from_command, load_job_file
@@ -16,7 +19,7 @@ from trainwarden.services.embedded import EmbeddedRun
 from trainwarden.settings import parse_args_string
 from trainwarden.spot.market import open_market
 from trainwarden.spot.spec import check_bids
-from trainwarden.store import StoreError, default_store_dir, open_reader, open_writer
+from trainwarden.store import StoreError, open_reader, open_writer
 from trainwarden.yamlsrc import ConfigError
 
 
@@ -52,10 +55,19 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         raise  # names file and line; main prints it
     except ValueError as exc:
         return fail(str(exc))
-    store_dir = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+    store_dir = store_target(args)
+    log_dir = _log_dir(args.log_dir)
+    if isinstance(log_dir, int):
+        return log_dir
     writer = open_writer(store_dir)
-    reporter = ConsoleReporter(quiet_output=args.quiet)
-    reporter.info(f"job {job.job_id}: {len(job.instances())} instances, history in {store_dir}")
+    as_json = args.output == "json"
+    reporter = JsonReporter(quiet_output=args.quiet) if as_json else ConsoleReporter(quiet_output=args.quiet)
+    if as_json:
+        reporter.emit("job_started", job_id=job.job_id, instances=[i.name for i in job.instances()],
+                      store=store_dir, log_dir=log_dir)
+    else:
+        reporter.info(f"job {job.job_id}: {len(job.instances())} instances, history in {store_dir}"
+                      + (f", output files in {log_dir}" if log_dir else ""))
     try:
         tools = () if args.stack_tools.strip().lower() == "none" else tool_order(args.stack_tools)
     except ValueError as exc:
@@ -64,10 +76,16 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         return fail("--stack-timeout must be from 0.5 to 300 seconds")
     try:
         result = EmbeddedRun(job, pack, writer, reporter, stack_tools=tools, stack_timeout_s=args.stack_timeout,
-                             c4d_log=args.c4d_log, notify=notify, market=market, spot=bids).run()
+                             c4d_log=args.c4d_log, notify=notify, market=market, spot=bids, log_dir=log_dir).run()
     except QueueError as exc:
         return fail(str(exc), hint="give this run its own --notify-dir, or wait for the other one to finish")
     _compact(store_dir)
+    if as_json:
+        reporter.emit("job_finished", job_id=result.job_id, status=result.status.value, reason=result.reason,
+                      restarts=result.rounds, exit_code=result.exit_code, dead_letters=result.dead_letters,
+                      counters=result.counters)
+        reporter.flush()
+        return result.exit_code
     colour = "green" if result.exit_code == 0 else "red"
     extra = f", {result.dead_letters} dead letters" if result.dead_letters else ""
     for key, label in (("truncated_lines", "lines cut at 16 KiB"), ("non_utf8_lines", "lines with invalid UTF-8"),
@@ -81,6 +99,20 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
                       + f"History: trainwarden history --job {result.job_id}"
                       + (f" --store {store_dir}" if args.store else ""))
     return result.exit_code
+
+
+def _log_dir(raw: str | None) -> str | None | int:
+    """The output files' directory, made now: a wrong one is a usage error before anything starts."""
+    if not raw:
+        return None
+    path = Path(raw).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return fail(f"--log-dir {raw}: cannot create it ({exc.strerror})", hint="give a writable directory")
+    if not os.access(path, os.W_OK):
+        return fail(f"--log-dir {raw}: not writable", hint="give a writable directory")
+    return str(path)
 
 
 def _compact(store_dir: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from trainwarden.diagnose.collect import DEFAULT_TIMEOUT_S, DEFAULT_TOOLS, dump_instances
-from trainwarden.events import Event
+from trainwarden.events import Event, LogLine
 from trainwarden.jobspec import JobDefinition
 from trainwarden.runtime.base import Capability
 from trainwarden.runtime.control import ControlServer, Incarnation
@@ -118,3 +118,59 @@ class LocalJobRunner:
 
     def close(self) -> None:
         self.runtime.close(self.job.stop_grace_s)
+
+
+def log_file(directory: Path, job_id: str, instance: str, round_: int, start: int, stream: str) -> Path:
+    """Where an incarnation's output goes: the node agents' layout, so that the
+    same Vector configuration and the same habits serve both."""
+    return directory / job_id / instance / f"r{round_}-s{start}.{stream}.log"
+
+
+class InstanceLogs:
+    """``run --log-dir DIR``: every line of every incarnation appended to its
+    file, as the agents write them. A write that fails (disk full) stops the
+    files, never the job."""
+
+    def __init__(self, directory: Path, on_error: Callable[[str], None]):
+        self.directory = Path(directory)
+        self.on_error = on_error
+        self._files: dict[tuple[str, int, int, str], object] = {}
+        self.failed = False
+
+    def write(self, line: LogLine) -> None:
+        if self.failed:
+            return
+        key = (line.instance, line.round, line.start, line.stream.value)
+        try:
+            handle = self._files.get(key)
+            if handle is None:
+                path = log_file(self.directory, line.job_id, *key)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                handle = self._files[key] = open(path, "a", encoding="utf-8", errors="replace")
+            handle.write(line.text + "\n")
+        except OSError as exc:
+            self.failed = True
+            self.on_error(f"instance log files stopped: {exc}")
+
+    def flush(self) -> None:
+        for handle in self._files.values():
+            try:
+                handle.flush()
+            except OSError:
+                pass
+
+    def close_incarnation(self, instance: str, round_: int, start: int) -> None:
+        """Its pipes are drained before its exit is reported: nothing more comes."""
+        for key in [k for k in self._files if k[:3] == (instance, round_, start)]:
+            self._close(key)
+
+    def close(self) -> None:
+        for key in list(self._files):
+            self._close(key)
+
+    def _close(self, key) -> None:
+        handle = self._files.pop(key)
+        try:
+            handle.close()
+        except OSError:
+            pass

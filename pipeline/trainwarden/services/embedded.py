@@ -15,7 +15,7 @@ from typing import Optional, Protocol
 
 from trainwarden.diagnose.collect import DEFAULT_TIMEOUT_S, DEFAULT_TOOLS
 from trainwarden.engine import JobState, JobStatus, start_job
-from trainwarden.events import Decision, Event, JobSubmitted, LogLine, SpotBid, Tick
+from trainwarden.events import Decision, Event, InstanceExited, InstanceStarted, JobSubmitted, LogLine, SpotBid, Tick
 from trainwarden.jobspec import JobDefinition
 from trainwarden.notify.bridge import DecisionNotifications, NotifyOptions, report_summary
 from trainwarden.rules.model import RulePack
@@ -23,7 +23,7 @@ from trainwarden.runtime.c4d_source import FileFollower
 from trainwarden.runtime.clock import now as clock_now
 from trainwarden.runtime.control import ControlServer, PendingReply
 from trainwarden.runtime.inbox import Inbox
-from trainwarden.runtime.launcher import LocalJobRunner
+from trainwarden.runtime.launcher import InstanceLogs, LocalJobRunner
 from trainwarden.spot.market import MarketProvider
 from trainwarden.spot.poller import MarketPoller
 from trainwarden.store.records import DeadLetter
@@ -35,6 +35,9 @@ TICK_S = 0.2  # bounds detection latency of the timers to well under a second
 
 
 class Reporter(Protocol):
+    """What a run tells its user. A reporter may also have ``lifecycle(event)``
+    for instance starts and exits (the JSON lines of ``run -o json`` do)."""
+
     def line(self, event: LogLine) -> None: ...
     def flush(self) -> None: ...
     def decision(self, decision: Decision) -> None: ...
@@ -104,7 +107,8 @@ class EmbeddedRun:
                  node: Optional[str] = None, tick_s: float = TICK_S,
                  stack_tools: tuple[str, ...] = DEFAULT_TOOLS, stack_timeout_s: float = DEFAULT_TIMEOUT_S,
                  c4d_log: Optional[str] = None, notify: Optional[NotifyOptions] = None,
-                 market: Optional[MarketProvider] = None, spot: tuple[SpotBid, ...] = ()):
+                 market: Optional[MarketProvider] = None, spot: tuple[SpotBid, ...] = (),
+                 log_dir: Optional[str] = None):
         self.job = job
         self.pack = pack
         self.history = history
@@ -129,6 +133,8 @@ class EmbeddedRun:
         self.spot = spot
         self.market = MarketPoller(market, job.job_id, self.submitted_at, on_error=reporter.info) \
             if market is not None and spot else None
+        self.logs = InstanceLogs(log_dir, reporter.info) if log_dir else None
+        self._lifecycle = getattr(reporter, "lifecycle", None)
 
     def run(self) -> RunResult:
         if self.notify_options is not None:
@@ -180,6 +186,8 @@ class EmbeddedRun:
                 runner.close()
             finally:
                 control.close()
+                if self.logs is not None:
+                    self.logs.close()
                 self.reporter.flush()
                 final = status or JobStatus.FAILED
                 supervisor.write_job(final, reason=self.state.final_reason if self.state else "",
@@ -218,7 +226,7 @@ class EmbeddedRun:
         while not self.state.finished:
             item = self.inbox.get(timeout_s=max(0.0, next_tick - clock_now()))
             if item is None:
-                self.reporter.flush()
+                self._flush()
             else:
                 self._process(item)
             moment = clock_now()
@@ -229,8 +237,13 @@ class EmbeddedRun:
                 watermark = moment if oldest is None else min(moment, oldest)
                 self._process(Tick(job_id=self.job.job_id, time=watermark), now=watermark)
                 self._poll_market(moment)
-                self.reporter.flush()
+                self._flush()
                 next_tick = moment + self.tick_s
+
+    def _flush(self) -> None:
+        self.reporter.flush()
+        if self.logs is not None:
+            self.logs.flush()
 
     def _poll_market(self, moment: float) -> None:
         if self.market is None or self.state.finished:
@@ -251,7 +264,14 @@ class EmbeddedRun:
             return
         event = reply.message if reply else item
         if isinstance(event, LogLine):
+            if self.logs is not None:
+                self.logs.write(event)
             self.reporter.line(event)
+        elif isinstance(event, (InstanceStarted, InstanceExited)):
+            if self.logs is not None and isinstance(event, InstanceExited):
+                self.logs.close_incarnation(event.instance, event.round, event.start)
+            if self._lifecycle is not None:
+                self._lifecycle(event)
         taken = take(self.state, event, clock_now() if now is None else now, node=self.node)
         self.state = taken.state
         self._keep(taken.records)

@@ -1,0 +1,36 @@
+"""`run --log-dir DIR` writes each incarnation's output where and as the agents do."""
+
+import sys
+
+from trainwarden.events import LogLine, Stream
+from trainwarden.runtime.launcher import log_file
+
+JOB = ("import os, sys\nprint('out of', os.environ['TRAINWARDEN_INSTANCE'], 'round', "
+       "os.environ['TRAINWARDEN_RESTART_ROUND'])\nprint('warning ü', file=sys.stderr)\n"
+       "sys.exit(1 if os.environ['TRAINWARDEN_RESTART_ROUND'] == '0' and os.environ['RANK'] == '0' else 0)\n")
+
+
+def test_each_incarnation_has_its_stdout_and_stderr_file(cli, job_id, tmp_path):
+    logs = tmp_path / "logs"
+    result = cli("run", "--log-dir", str(logs), "--job-id", job_id, "--nproc", "2",
+                 "--args", "--enable-job-restart=True", "--", sys.executable, "-c", JOB)
+    assert result.code == 0, result
+    files = sorted(str(p.relative_to(logs)) for p in logs.rglob("*") if p.is_file())
+    assert files == sorted(f"{job_id}/worker-{i}/r{r}-s{r}.{s}.log" for i in (0, 1) for r in (0, 1)
+                           for s in ("stdout", "stderr")), files
+    assert (logs / job_id / "worker-1" / "r1-s1.stdout.log").read_text() == "out of worker-1 round 1\n"
+    assert (logs / job_id / "worker-0" / "r0-s0.stderr.log").read_text(encoding="utf-8") == "warning ü\n"
+
+
+def test_the_layout_is_the_agents(tmp_path):
+    # services/agent.py writes LOG_DIR/<job>/<instance>/r<round>-s<start>.<stream>.log (README, Vector).
+    line = LogLine(job_id="j", time=0.0, instance="worker-3", round=2, start=5, text="x", stream=Stream.STDERR)
+    assert log_file(tmp_path, line.job_id, line.instance, line.round, line.start, line.stream.value) == \
+        tmp_path / "j" / "worker-3" / "r2-s5.stderr.log"
+
+
+def test_an_unusable_log_dir_is_a_usage_error_before_anything_starts(cli, job_id, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = cli("run", "--log-dir", str(blocker / "logs"), "--job-id", job_id, "--", sys.executable, "-c", "")
+    assert result.code == 2 and "--log-dir" in result.err and "Traceback" not in result.err, result
