@@ -19,12 +19,14 @@ import pytest
 
 from trainwarden.bus.memory import MemoryBus
 from trainwarden.cli.main import build_parser
+from trainwarden.notify import MemoryDeliveryLog, Notifier, load_subscriptions, sample_event
 from trainwarden.services.logs import ServiceLog
 from trainwarden.services.observability import Address, Observer, parse_address, store_writable
 from tests.cluster.processes import free_port, wait_for
 from tests.conftest import ROOT, TRAINWARDEN
 from tests.ops.support import get
-from tests.notify.conftest import ENV, subscription_yaml
+from tests.notify.conftest import ENV, receiver, subscription_yaml  # noqa: F401 - fixture
+from tests.notify.receiver import HANG
 
 CLUSTER_COMMANDS = ("agent", "processor", "actuator", "notifier", "submit", "nodes")
 
@@ -241,6 +243,36 @@ def test_sighup_reloads_the_notifiers_subscriptions_refuses_an_invalid_change_an
         assert proc.wait(10) == 0
         assert time.monotonic() - started < 5
         assert said("stopped")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_a_notifier_stops_within_5_s_of_sigterm_while_a_delivery_hangs_and_the_delivery_stays_queued(
+        tmp_path, receiver):  # noqa: F811 - fixture
+    hook = receiver(default=HANG)
+    directory = tmp_path / "notifications"
+    directory.mkdir()
+    (directory / "ops.yaml").write_text("version: 1\nsubscriptions:\n" + subscription_yaml(
+        "ops", hook.url, private=True, timeout=10))
+    queue = tmp_path / "queue"
+    queued = Notifier(load_subscriptions(directory), queue, writer=MemoryDeliveryLog(), env=ENV)
+    assert queued.submit(sample_event("job.restarted")) == 1
+    queued.close()
+    with open(tmp_path / "notifier.log", "wb") as log:
+        proc = subprocess.Popen([*TRAINWARDEN, "notifier", "--bootstrap", "memory", "--notifications",
+                                 str(directory), "--notify-dir", str(queue)],
+                                env=_notifier_env(tmp_path), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: hook.requests, 30, "the delivery under way")
+        time.sleep(0.5)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0, (tmp_path / "notifier.log").read_text()
+        took = time.monotonic() - started
+        assert took < 5, f"stopped {took:.1f} s after SIGTERM"
+        assert len(list((queue / "pending").glob("*.json"))) == 1  # sent again by the next notifier
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -21,10 +21,10 @@ import dataclasses
 import hashlib
 import logging
 import os
+import queue
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional
 
@@ -76,7 +76,11 @@ class Notifier:
         self._versions: dict[str, float] = {}
         self._seq = self.queue.next_seq
         self._thread: Optional[threading.Thread] = None
-        self._pool: Optional[ThreadPoolExecutor] = None
+        # Daemon workers, not a ThreadPoolExecutor: the interpreter joins an
+        # executor's threads at exit, so an attempt still waiting for a slow
+        # receiver would hold a stopping process long past its SIGTERM.
+        self._jobs: Optional[queue.SimpleQueue] = None
+        self._workers: list[threading.Thread] = []
         self._stopping = False
         self._closed = False
         state = self.queue.read_state()
@@ -188,7 +192,11 @@ class Notifier:
     def start(self) -> None:
         """Deliver in a background thread until ``close()``."""
         if self._thread is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.settings.workers, thread_name_prefix="tw-notify")
+            self._jobs = queue.SimpleQueue()
+            self._workers = [threading.Thread(target=self._worker, name=f"tw-notify-{i}", daemon=True)
+                             for i in range(self.settings.workers)]
+            for worker in self._workers:
+                worker.start()
             self._thread = threading.Thread(target=self._loop, name="tw-notifier", daemon=True)
             self._thread.start()
 
@@ -217,14 +225,15 @@ class Notifier:
                 self._cond.wait(1.0 if wake is None else min(max(wake - now, 0.002), 1.0))
                 return False
         self._log(records)
+        assert self._jobs is not None
         for entry in picks:
-            try:
-                assert self._pool is not None
-                self._pool.submit(self._work, entry)
-            except RuntimeError:  # closing: the entry stays pending on disk
-                with self._cond:
-                    self._inflight.discard(entry.subscription)
+            self._jobs.put(entry)
         return False
+
+    def _worker(self) -> None:
+        assert self._jobs is not None
+        while (entry := self._jobs.get()) is not None:
+            self._work(entry)
 
     def _pick(self, now: float) -> tuple[list[Entry], list[DeliveryRecord]]:
         picks, records = [], []
@@ -265,15 +274,18 @@ class Notifier:
             # Only the kind: an exception's text may quote a header or URL with a secret in it.
             log.error("notification attempt to %s failed inside trainwarden: %s", sub.name, type(exc).__name__)
             result, secrets = Attempt("dead", error=f"internal error ({type(exc).__name__})"), ()
-        records = []
-        with self._cond:
-            try:
+        try:
+            records = []
+            with self._cond:
                 if not self._closed:
                     records = self._apply(sub, entry, result, secrets)
-            finally:
+            self._log(records)
+        finally:
+            # Only once its record is written: drain() and close() wait for
+            # in-flight deliveries, and a daemon worker dies with the process.
+            with self._cond:
                 self._inflight.discard(entry.subscription)
                 self._cond.notify_all()
-        self._log(records)
 
     def _attempt(self, sub: Subscription, entry: Entry) -> tuple[Attempt, tuple[str, ...]]:
         return send_once(sub, entry.event_id, entry.body.encode(), env=self.env, allow_loopback=self.allow_loopback,
@@ -350,15 +362,27 @@ class Notifier:
             if not self.run_once():
                 time.sleep(min(max((wake or 0) - self.clock(), 0.002), remaining, 0.05))
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stop delivering; what is pending stays on disk for the next notifier."""
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop delivering; what is pending stays on disk for the next notifier.
+        An attempt still under way after ``timeout_s`` is left to its daemon
+        thread (a service has 5 s from SIGTERM to exit)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._jobs is not None:
+            # Picked but not started: they stay pending on disk for the next notifier.
+            while True:
+                try:
+                    entry = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if entry is not None:
+                    with self._cond:
+                        self._inflight.discard(entry.subscription)
+            for _ in self._workers:
+                self._jobs.put(None)
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self._inflight and time.monotonic() < deadline:
