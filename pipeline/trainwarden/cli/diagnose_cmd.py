@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.text import Text
 
-from trainwarden.cli.output import fail, out_console, print_json, table
+from trainwarden.cli.output import examples, fail, out_console, print_json, table
 from trainwarden.cli.stores import job_known, open_existing, store_target
 from trainwarden.diagnose.advice import advise
 from trainwarden.diagnose.report import build_report
@@ -30,19 +30,26 @@ STACKS_SQL = (
 
 def add_commands(sub) -> None:
     stacks = sub.add_parser("stacks", help="stack reports of hung jobs; 'stacks analyze FILE...' for saved dumps",
-                            description="trainwarden stacks --job ID [--round N] | trainwarden stacks analyze FILE...")
+                            description="trainwarden stacks --job ID [--round N] | trainwarden stacks analyze FILE...",
+                            **examples("trainwarden stacks --job resnet-42", "trainwarden stacks --job resnet-42 "
+                                       "--round 1 --json", "trainwarden stacks analyze worker-*.dump"))
     actions = stacks.add_subparsers(dest="stacks_action", metavar="analyze", parser_class=sub._parser_class)
-    analyze = actions.add_parser("analyze", help="group the stacks of saved py-spy, pystack or faulthandler dumps")
+    analyze = actions.add_parser("analyze", help="group the stacks of saved py-spy, pystack or faulthandler dumps",
+                                 **examples("trainwarden stacks analyze rank0.txt rank1.txt",
+                                            "py-spy dump --pid 1234 | trainwarden stacks analyze - --json"))
     analyze.add_argument("files", nargs="+", help="dump files (one per process, or concatenated); - for stdin")
-    analyze.add_argument("--json", action="store_true")
+    analyze.add_argument("--json", action="store_true", help="JSON for machines")
     stacks.add_argument("--job", help="the job whose reports to show")
     stacks.add_argument("--round", type=int, default=-1, help="only this round")
-    stacks.add_argument("--json", action="store_true")
+    stacks.add_argument("--json", action="store_true", help="JSON for machines")
     stacks.add_argument("--store", help="history store (default: $TRAINWARDEN_STORE or the per-user state dir)")
-    advise_cmd = sub.add_parser("advise", help="advice from a job's log")
-    advise_cmd.add_argument("topic", choices=("hang-interval",))
+    advise_cmd = sub.add_parser("advise", help="advice from a job's log",
+                                **examples("trainwarden advise hang-interval worker-0.log",
+                                           "kubectl logs job-worker-0 | trainwarden advise hang-interval - --json"))
+    advise_cmd.add_argument("topic", choices=("hang-interval",),
+                            help="hang-interval: a --job-hang-interval longer than the collective watchdog's timeout")
     advise_cmd.add_argument("file", help="a log file, or - for standard input")
-    advise_cmd.add_argument("--json", action="store_true")
+    advise_cmd.add_argument("--json", action="store_true", help="JSON for machines")
 
 
 def dispatch(args: argparse.Namespace, command: list[str]) -> int:

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 from trainwarden.cli.completion import SHELLS, script
 from trainwarden.cli.notify_cmd import add_notify_options
-from trainwarden.cli.output import UsageError, add_output_options, fail
+from trainwarden.cli.output import UsageError, add_output_options, examples, fail
 from trainwarden.events import ErrorSource
 from trainwarden.settings import SettingsError
 from trainwarden.yamlsrc import ConfigError
@@ -27,17 +27,20 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainwarden", description="Fault-tolerance engine for distributed training jobs.",
-                     epilog=_examples("trainwarden run --nproc 2 --args \"--enable-job-restart=True\" -- python train.py",
-                                      "trainwarden history --aggregate --since 24h",
-                                      "trainwarden COMMAND --help"),
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                     **examples('trainwarden run --nproc 2 --args "--enable-job-restart=True" -- python train.py',
+                                "trainwarden history --aggregate --since 24h", "trainwarden COMMAND --help"))
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
                         help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     run = sub.add_parser("run", help="run a job on this machine, watched and restarted by the rules",
-                         description="trainwarden run JOB.yaml | trainwarden run [--nproc N] [--args ARGS] -- CMD ...")
+                         description="trainwarden run JOB.yaml | trainwarden run [--nproc N] [--args ARGS] -- CMD ...",
+                         **examples("trainwarden run examples/job.yaml",
+                                    'trainwarden run --nproc 4 --args "--enable-job-restart=True '
+                                    '--enable-job-hang-detection=True --job-hang-interval=600" -- python train.py',
+                                    "trainwarden run job.yaml -o json --quiet > events.jsonl",
+                                    "trainwarden run job.yaml --log-dir logs/ --store /var/lib/trainwarden/history"))
     run.add_argument("job_file", nargs="?", help="a job YAML file (or give the command after --)")
     run.add_argument("--job-id", help="the job's id (default: made from the command and the time)")
     run.add_argument("--nproc", type=int, default=1, help="instances of the command (role worker); default 1")
@@ -65,7 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--market", default=os.environ.get("TRAINWARDEN_MARKET"),
                      help="the spot market for a job with spot roles: a trace file or a registered provider URL")
 
-    history = sub.add_parser("history", help="fault records of one job or all jobs")
+    history = sub.add_parser(
+        "history", help="fault records of one job or all jobs",
+        description="Read the history store: fault records (default), aggregated fault details, jobs, restart "
+                    "stages or spot costs. Exit code 2 for a store or a job that does not exist.",
+        **examples("trainwarden history", "trainwarden history --job resnet-42 -o wide",
+                   "trainwarden history --aggregate --since 24h --node gpu-node-7 --source hang",
+                   "trainwarden history --jobs -o name", "trainwarden history --stages --json"))
     history.add_argument("--job", help="only this job")
     history.add_argument("--aggregate", action="store_true",
                          help="group by source, code, normalised message, node and instance")
@@ -107,42 +116,39 @@ def build_parser() -> argparse.ArgumentParser:
     classify.add_argument("--rules", help="rules directory (default: the shipped rules)")
     classify.add_argument("--json", action="store_true", help="JSON for machines")
 
-    rules = sub.add_parser("rules", help="check and test rule files")
+    rules = sub.add_parser("rules", help="check and test rule files",
+                           **examples("trainwarden rules validate rules/", "trainwarden rules test rules/tests"))
     rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION", parser_class=_Parser)
     rules_sub.required = True
     validate = rules_sub.add_parser(
         "validate", help="load rule files strictly, report every mistake, list the rules",
         description="Load the rule files as one rule pack, strictly: every mistake of every file is reported, "
                     "file:line each, and the exit code is 2 if there is any.",
-        epilog="examples:\n  trainwarden rules validate\n  trainwarden rules validate rules/\n"
-               "  trainwarden rules validate rules/10-catalogue.yaml rules/50-site.yaml\n"
-               "  trainwarden rules validate my-rules/ -o json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        **examples("trainwarden rules validate", "trainwarden rules validate rules/",
+                   "trainwarden rules validate rules/10-catalogue.yaml rules/50-site.yaml",
+                   "trainwarden rules validate my-rules/ -o json"))
     validate.add_argument("paths", nargs="*", metavar="PATH",
                           help="rule files (read in the order given) or directories (their *.yaml in name order); "
                                "default: the shipped rules")
     add_output_options(validate, names="section/name")
-    test = rules_sub.add_parser("test", help="run rule unit tests (YAML timelines)")
+    test = rules_sub.add_parser("test", help="run rule unit tests (YAML timelines)",
+                                **examples("trainwarden rules test rules/tests",
+                                           "trainwarden rules test --rules my-rules/ my-rules/tests/hang.yaml --json"))
     test.add_argument("files", nargs="+", help="test files or directories of them")
     test.add_argument("--rules", help="rules directory for every test file (default: each file's rule_files)")
-    test.add_argument("--json", action="store_true")
+    test.add_argument("--json", action="store_true", help="JSON for machines")
 
     completion = sub.add_parser(
         "completion", help="shell completion for bash, zsh or fish",
         description="Print a completion script for every command and option.",
-        epilog=_examples("source <(trainwarden completion bash)      # in ~/.bashrc",
+        **examples("source <(trainwarden completion bash)      # in ~/.bashrc",
                          "source <(trainwarden completion zsh)       # in ~/.zshrc",
-                         "trainwarden completion fish > ~/.config/fish/completions/trainwarden.fish"),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+                         "trainwarden completion fish > ~/.config/fish/completions/trainwarden.fish"))
     completion.add_argument("shell", choices=SHELLS, help="the shell to complete in")
 
     for module in _command_modules():
         module.add_commands(sub)
     return parser
-
-
-def _examples(*lines: str) -> str:
-    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def _version() -> str:

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import msgspec
 
-from trainwarden.cli.output import add_output_options, err_console, fail, iso, listing, out_console, print_json
+from trainwarden.cli.output import (
+    add_output_options,
+    err_console,
+    examples,
+    fail,
+    iso,
+    listing,
+    out_console,
+    print_json,
+)
 from trainwarden.cli.tables import Col, time_col
 from trainwarden.cli.stores import open_existing, store_target
 from trainwarden.notify import (
@@ -64,13 +73,19 @@ def notify_options(args: argparse.Namespace, job_id: str = "") -> "NotifyOptions
 
 
 def add_commands(sub) -> None:
-    notify = sub.add_parser("notify", help="webhook notifications: check subscriptions, send a test, read the log")
+    notify = sub.add_parser("notify", help="webhook notifications: check subscriptions, send a test, read the log",
+                            **examples("trainwarden notify validate rules/notifications",
+                                       "trainwarden notify log --job resnet-42"))
     actions = notify.add_subparsers(dest="notify_command", metavar="ACTION", parser_class=type(notify))
     actions.required = True
-    validate = actions.add_parser("validate", help="load a subscriptions directory strictly and list it")
+    validate = actions.add_parser("validate", help="load a subscriptions directory strictly and list it",
+                                  **examples("trainwarden notify validate", "trainwarden notify validate "
+                                             "rules/notifications -o name"))
     validate.add_argument("directory", nargs="?", help="subscriptions directory (default: the shipped examples)")
     add_output_options(validate, names="subscription name")
-    test = actions.add_parser("test", help="send a sample event to one subscription and print the answer")
+    test = actions.add_parser("test", help="send a sample event to one subscription and print the answer",
+                              **examples("trainwarden notify test ops-webhook --dir rules/notifications",
+                                         "trainwarden notify test ml-oncall-slack --type job.failed --json"))
     test.add_argument("name", help="the subscription's name")
     test.add_argument("--dir", help="subscriptions directory (default: the shipped examples)")
     test.add_argument("--type", dest="event_type", help="the sample's event type (default: the first the "
@@ -78,7 +93,9 @@ def add_commands(sub) -> None:
     test.add_argument("--json", action="store_true", help="JSON for machines")
     log = actions.add_parser("log", help="deliveries: status, attempts, HTTP status, latency",
                              description="Reads the delivery log from the history store (the deliveries table); "
-                                         "with --notify-dir, the JSONL log of a notifier that runs without a store.")
+                                         "with --notify-dir, the JSONL log of a notifier that runs without a store.",
+                             **examples("trainwarden notify log --job resnet-42", "trainwarden notify log --limit 20 "
+                                        "-o json", "trainwarden notify log --notify-dir /var/lib/trainwarden/notify"))
     log.add_argument("--job", help="only this job")
     log.add_argument("--limit", type=int, default=None, help="at most this many rows (newest)")
     log.add_argument("--store", help="history store (default: $TRAINWARDEN_STORE or the per-user state directory)")
@@ -86,7 +103,9 @@ def add_commands(sub) -> None:
     add_output_options(log)
     flush = actions.add_parser("flush", help="send what a stopped notifier left queued in its directory",
                                description="Delivers the pending deliveries of a queue directory (e.g. one a run "
-                                           "left behind) with the given subscriptions, then stops.")
+                                           "left behind) with the given subscriptions, then stops.",
+                               **examples("trainwarden notify flush ~/.local/state/trainwarden/notify/runs/JOB "
+                                          "--notifications rules/notifications"))
     flush.add_argument("notify_dir", help="the queue directory")
     flush.add_argument("--notifications", metavar="DIR", required=True, help="subscriptions directory")
     flush.add_argument("--store", help="history store for the delivery log (default: $TRAINWARDEN_STORE or the "

@@ -19,6 +19,14 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 out_console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
 
 
+def examples(*lines: str) -> dict:
+    """``add_parser`` keywords for an "examples:" epilog printed as written."""
+    import argparse
+
+    return {"epilog": "examples:\n" + "\n".join(f"  {line}" for line in lines),
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
 def fail(message: str, hint: str = "", code: int = 2) -> int:
     err_console.print(f"[bold red]trainwarden: error:[/] {_escape(message)}")
     if hint:

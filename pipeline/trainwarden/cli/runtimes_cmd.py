@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainwarden.cli.output import add_output_options, listing
+from trainwarden.cli.output import add_output_options, examples, listing
 from trainwarden.cli.tables import Col
 from trainwarden.runtime.base import Capability
 from trainwarden.runtime.registry import runtimes
@@ -15,9 +15,8 @@ TAKES_COMMAND: set = set()
 
 def add_commands(sub) -> None:
     parser = sub.add_parser("runtimes", help="the runtimes jobs can run on, and what each can do",
-                            epilog="examples:\n  trainwarden runtimes\n  trainwarden runtimes -o json\n"
-                                   "  trainwarden runtimes -o name",
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+                            **examples("trainwarden runtimes", "trainwarden runtimes -o json",
+                                       "trainwarden runtimes -o name"))
     add_output_options(parser, names="runtime name")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from trainwarden.cli.output import fail, out_console, print_json, table
+from trainwarden.cli.output import examples, fail, out_console, print_json, table
 from trainwarden.jobspec import load_job_file
 from trainwarden.rules.loader import load_rules
 from trainwarden.spot.market import TraceMarket, open_market
@@ -18,7 +18,9 @@ TAKES_COMMAND: frozenset = frozenset()
 
 def add_commands(sub) -> None:
     sim = sub.add_parser("simulate", help="a spot job against a market trace, on a virtual clock",
-                         description="trainwarden simulate JOB.yaml --market TRACE [--failures TRACE]")
+                         description="trainwarden simulate JOB.yaml --market TRACE [--failures TRACE]",
+                         **examples("trainwarden simulate examples/spot-job.yaml --market examples/spot-market.yaml",
+                                    "trainwarden simulate job.yaml --market trace.yaml --bid 0.3 --bid 0.5 --json"))
     sim.add_argument("job_file", help="the job YAML file (with spot roles)")
     sim.add_argument("--market", required=True, help="a market trace file (YAML; prices inline or CSV)")
     sim.add_argument("--failures", help="a failure trace (YAML) to inject instance failures")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from trainwarden.cli.output import out_console, print_json
+from trainwarden.cli.output import examples, out_console, print_json
 from trainwarden.cli.stores import open_existing, store_target
 from trainwarden.store import migrate, open_reader
 
@@ -20,20 +20,25 @@ TAKES_COMMAND: frozenset = frozenset()
 
 
 def add_commands(sub) -> None:
-    store = sub.add_parser("store", help="manage the history store (schema migrations)")
+    store = sub.add_parser("store", help="manage the history store (schema migrations)",
+                           **examples("trainwarden store migrate", "trainwarden store optimize --store DIR"))
     actions = store.add_subparsers(dest="store_action", metavar="ACTION", parser_class=sub._parser_class)
     actions.required = True
     run = actions.add_parser("migrate", help="apply the pending schema migrations and show the version",
                              description="The store is a directory (embedded chDB) or "
                                          "http(s)://user@host:port/database (password in "
-                                         "$TRAINWARDEN_CLICKHOUSE_PASSWORD).")
+                                         "$TRAINWARDEN_CLICKHOUSE_PASSWORD).",
+                             **examples("trainwarden store migrate --store /var/lib/trainwarden/history",
+                                        "TRAINWARDEN_CLICKHOUSE_PASSWORD=... trainwarden store migrate "
+                                        "--store http://tw@clickhouse:8123/trainwarden --json"))
     run.add_argument("--store", help="history store directory or ClickHouse URL (default: $TRAINWARDEN_STORE or "
                                      "the per-user state directory)")
-    run.add_argument("--json", action="store_true")
+    run.add_argument("--json", action="store_true", help="JSON for machines")
     merge = actions.add_parser("optimize", help="merge the tables' parts now (OPTIMIZE ... FINAL), so that "
-                                                "queries have no versions left to collapse")
+                                                "queries have no versions left to collapse",
+                               **examples("trainwarden store optimize", "trainwarden store optimize --store DIR --json"))
     merge.add_argument("--store", help=run._option_string_actions["--store"].help)
-    merge.add_argument("--json", action="store_true")
+    merge.add_argument("--json", action="store_true", help="JSON for machines")
 
 
 def dispatch(args: argparse.Namespace, command: list[str]) -> int:
