@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from trainwarden.cli.output import examples, fail, out_console, print_json, table
+from trainwarden.cli.output import add_output_options, examples, fail, listing, out_console, output_format
+from trainwarden.cli.tables import Col
 from trainwarden.jobspec import load_job_file
 from trainwarden.rules.loader import load_rules
 from trainwarden.spot.market import TraceMarket, open_market
@@ -32,7 +33,7 @@ def add_commands(sub) -> None:
     sim.add_argument("--bid", action="append", default=[],
                      help=f"compare bids: a {DISCOUNT_KEY} for every spot role, e.g. --bid 0.3 --bid 0.5")
     sim.add_argument("--rules", help="rules directory (default: the shipped rules)")
-    sim.add_argument("--json", action="store_true", help="JSON for machines")
+    add_output_options(sim, names="bid")
 
 
 def dispatch(args: argparse.Namespace, command: list[str]) -> int:
@@ -64,16 +65,16 @@ def dispatch(args: argparse.Namespace, command: list[str]) -> int:
         result = simulate(job, pack, market, check_bids(bids, market), args.duration, args.checkpoint_interval,
                           failures)
         results.append((label, result))
-    if args.json:
-        print_json([dict(bid=label, **r.to_dict()) for label, r in results])
-        return 0
-    table(f"Simulation of {job.job_id} on {args.market}", [
-        "bid", "status", "completed at (s)", "queued (s)", "held (s)", "preemptions", "restarts", "paid",
-        "on-demand", "saving"], (
+    listing(args, f"Simulation of {job.job_id} on {args.market}", [
+        Col("bid"), Col("status", gives_way=True), Col("completed at (s)"), Col("queued (s)", drop=3),
+        Col("held (s)", drop=2), Col("preemptions"), Col("restarts"), Col("paid"), Col("on-demand", drop=1),
+        Col("saving")], (
         [label, r.status + (f" ({r.reason})" if r.reason and r.status == "failed" else ""),
          "-" if r.completion_s is None else f"{r.completion_s:.0f}", f"{r.queued_s:.0f}", f"{r.held_s:.0f}",
          r.preemptions, r.restarts, f"{r.paid:.4f}", f"{r.on_demand:.4f}", f"{r.saving:.0%}"]
-        for label, r in results))
-    for label, r in results:
-        out_console.print(f"{label}: " + " → ".join(r.states))
+        for label, r in results), data=[dict(bid=label, **r.to_dict()) for label, r in results],
+        names=(label for label, _ in results))
+    if output_format(args) in ("table", "wide") and not args.no_headers:
+        for label, r in results:
+            out_console.print(f"{label}: " + " → ".join(r.states))
     return 0
