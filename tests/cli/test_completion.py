@@ -74,3 +74,33 @@ def test_fish_completes_an_option_with_its_help(cli, tmp_path):
 def test_version_is_the_installed_distributions(cli):
     result = cli("--version")
     assert result.code == 0 and result.out.strip() == f"trainwarden {importlib.metadata.version('trainwarden')}"
+
+
+def test_zsh_completes_subcommands_with_their_help_on_a_real_terminal(cli, tmp_path):
+    """zsh completes only in an interactive shell: one in tmux, Tab typed, the screen read."""
+    import time
+    import uuid
+
+    if shutil.which("zsh") is None or shutil.which("tmux") is None:
+        pytest.skip("zsh or tmux is not installed here (apt-get install zsh tmux)")
+    script = _script(cli, "zsh", tmp_path)
+    home = tmp_path / "zdot"
+    home.mkdir()
+    (home / ".zshrc").write_text(f"autoload -U compinit && compinit -u\nsource '{script}'\nPS1='> '\n")
+    session = f"twz-{uuid.uuid4().hex[:8]}"
+    env = f"env -i HOME={home} ZDOTDIR={home} TERM=xterm PATH=/usr/bin:/bin zsh"  # completing runs nothing
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "30", env], check=True)
+    try:
+        screen = ""
+        for keys in (["trainwarden rul", "Tab"], ["Tab"]):
+            subprocess.run(["tmux", "send-keys", "-t", session, *keys], check=True)
+            time.sleep(0.5)
+        deadline = time.time() + 20
+        while time.time() < deadline and "validate  --" not in screen:
+            time.sleep(0.3)
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
+                                    text=True).stdout
+        assert "> trainwarden rules" in screen, screen
+        assert "validate  -- load rule files strictly" in screen and "test      -- run rule unit tests" in screen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)

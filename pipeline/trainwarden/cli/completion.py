@@ -21,6 +21,15 @@ class Option:
     choices: list[str]
     files: bool
 
+    @property
+    def value(self) -> str:
+        """What follows the option: "choices", "files", "text" or nothing ("")."""
+        if self.choices:
+            return "choices"
+        if self.files:
+            return "files"
+        return "text" if self.takes_value else ""
+
 
 @dataclasses.dataclass
 class Command:
@@ -161,12 +170,88 @@ complete -o filenames -F {fn} {prog}
 """
 
 
+def _zsh_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def _zsh_text(text: str) -> str:
+    """Help text inside _arguments' brackets and _describe's name:text pairs."""
+    return text.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]").replace(":", "\\:")
+
+
+def _zsh_option(option: Option) -> str:
+    names = option.strings
+    exclusive = f"({' '.join(names)})" if len(names) > 1 else ""
+    value = {"choices": f":value:({' '.join(option.choices)})", "files": ":path:_files", "text": ":value: ",
+             "": ""}[option.value]
+    spec = f"[{_zsh_text(option.help)}]{value}"
+    if len(names) == 1:
+        return _zsh_quote(names[0] + spec)
+    return f"{_zsh_quote(exclusive)}{{{','.join(names)}}}{_zsh_quote(spec)}"
+
+
 def _zsh(tree: list[Command], prog: str) -> str:
-    # zsh runs the bash function through its bashcompinit layer: one script to
-    # maintain, the same answers in both shells.
-    return (f"#compdef {prog}\n# zsh completion for {prog} (made by '{prog} completion zsh')\n"
-            "autoload -U +X compinit && compinit\nautoload -U +X bashcompinit && bashcompinit\n"
-            + _bash(tree, prog).split("\n", 1)[1])
+    fn = _fn(prog)
+    spec, cases = [], []
+    for node in tree:
+        valued = [s for o in node.options if o.takes_value for s in o.strings]
+        spec.append(f"        {_zsh_quote(node.path)}) commands=({' '.join(n for n, _ in node.commands)}); "
+                    f"valued={_zsh_quote(' ' + ' '.join(valued) + ' ')} ;;")
+        args = [_zsh_option(o) for o in node.options]
+        body = ""
+        if node.commands:
+            args.append("'1: :->command'")
+            pairs = " ".join(_zsh_quote(f"{_zsh_text(n)}:{h}") for n, h in node.commands)
+            body = f"\n            [[ $state == command ]] && {{ local -a cmds; cmds=({pairs}); " \
+                   "_describe command cmds; }"
+        elif node.positional_choices:
+            args.append(_zsh_quote(f"*:value:({' '.join(node.positional_choices)})"))
+        elif node.positional_files:
+            args.append("'*:path:_files'")
+        cases.append(f"        {_zsh_quote(node.path)})\n            _arguments -s -S {' '.join(args)}{body} ;;")
+    return f"""#compdef {prog}
+# zsh completion for {prog} (made by '{prog} completion zsh'); source it or put it in $fpath as _{prog}
+{fn}_spec() {{
+    commands=(); valued=''
+    case "$1" in
+{chr(10).join(spec)}
+    esac
+}}
+
+{fn}() {{
+    # Not "path": zsh ties that name to $PATH.
+    local cmdpath='' word cut=1 i=2 valued context state state_descr line
+    local -a commands
+    typeset -A opt_args
+    while (( i < CURRENT )); do
+        word=${{words[i]}}
+        if [[ $word == -- ]]; then
+            _files  # the job's own command follows
+            return
+        fi
+        {fn}_spec "$cmdpath"
+        case $word in
+            -*) [[ $valued == *" $word "* ]] && (( i++ )) ;;
+            *) if (( ${{commands[(Ie)$word]}} )); then cmdpath=${{cmdpath:+$cmdpath }}$word; cut=$i; fi ;;
+        esac
+        (( i++ ))
+    done
+    # _arguments sees the innermost command as if it were typed alone.
+    if (( cut > 1 )); then
+        words=("${{(@)words[cut,-1]}}")
+        (( CURRENT -= cut - 1 ))
+    fi
+    case "$cmdpath" in
+{chr(10).join(cases)}
+    esac
+}}
+
+if [[ $zsh_eval_context[-1] == loadautofunc ]]; then
+    {fn} "$@"
+else
+    compdef {fn} {prog}
+fi
+"""
 
 
 def _fish_quote(text: str) -> str:
@@ -205,13 +290,8 @@ def _fish(tree: list[Command], prog: str) -> str:
             lines.append(f"complete -c {prog} {when} -a {_fish_quote(name)} -d {_fish_quote(text)}")
         for option in node.options:
             flags = " ".join(f"-l {s[2:]}" if s.startswith("--") else f"-s {s[1:]}" for s in option.strings)
-            value = ""
-            if option.choices:
-                value = f" -x -a {_fish_quote(' '.join(option.choices))}"
-            elif option.files:
-                value = " -r -F"
-            elif option.takes_value:
-                value = " -x"
+            value = {"choices": f" -x -a {_fish_quote(' '.join(option.choices))}", "files": " -r -F",
+                     "text": " -x", "": ""}[option.value]
             lines.append(f"complete -c {prog} {when} {flags}{value} -d {_fish_quote(option.help[:80])}")
         if node.positional_choices:
             lines.append(f"complete -c {prog} {when} -a {_fish_quote(' '.join(node.positional_choices))}")
