@@ -8,6 +8,7 @@ nodes, and `submit --follow --json`."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -123,6 +124,13 @@ def _glitch_job(services: ServiceProcesses, job_id: str) -> _Follow:
                    "4", "--fail-message", "SITE_DISK_GLITCH: /scratch went away")
 
 
+def _dashboard_queries() -> list[str]:
+    board = json.loads((ROOT / "dashboards" / "services.json").read_text())
+    queries = [t["expr"] for panel in board["panels"] for t in panel["targets"]]
+    assert len(queries) >= 10
+    return queries
+
+
 def _hup_and_wait(services: ServiceProcesses, proc_name: str, text: str) -> str:
     log = services.tmp / f"{proc_name}.log"
     before = log.read_text(errors="replace")
@@ -174,6 +182,13 @@ def test_every_service_serves_metrics_health_and_readiness_while_a_job_runs_and_
         assert any(k.startswith("trainwarden_consumer_lag{") for k in after["processor"])
         wait_for(lambda: _samples(services, "notifier")["trainwarden_delivery_latency_seconds_count"] >= 2, 30,
                  "the job's events delivered and timed")
+        # Every metric the services dashboard queries is one the services expose.
+        exposed = {key.split("{")[0] for name in after for key in _samples(services, name)}
+        for expr in _dashboard_queries():
+            for metric in re.findall(r"\btrainwarden_\w+", expr):
+                assert metric in exposed, (metric, expr)
+            for pattern in re.findall(r'__name__=~"([^"]+)"', expr):
+                assert any(re.fullmatch(pattern, metric) for metric in exposed), (pattern, expr)
 
         # The JSON lines: every output line and decision, job text intact.
         events = follow.events
@@ -186,7 +201,7 @@ def test_every_service_serves_metrics_health_and_readiness_while_a_job_runs_and_
         # A valid change: the site's rule judges the same failure not retryable.
         (rules / "60-site.yaml").write_text(SITE_RULE)
         said = _hup_and_wait(services, "processor", "rules reloaded")
-        assert "10 files" in said, said
+        assert f"{len(list(rules.glob('*.yaml')))} files" in said, said
         assert services.alive()["processor"]
         follow = _glitch_job(services, job_id + "-b")
         assert follow.finish(services) == 1, services.logs() + follow.stderr
