@@ -266,6 +266,16 @@ def test_every_service_stops_within_5_s_of_sigterm_the_notifier_with_a_held_mess
         wait_for(lambda: any((services.tmp / f"logs-{n}" / (job_id + "-stubborn")).exists()
                              for n in services.node_names), 60, "the SIGTERM-ignoring job printing")
 
+        # SIGHUP stops no service: the processor and the notifier reload, the others ignore it.
+        for proc_ in services.procs.values():
+            proc_.send_signal(signal.SIGHUP)
+        wait_for(lambda: "subscriptions reloaded" in (services.tmp / "notifier.log").read_text(), 20,
+                 "the notifier's reload")
+        time.sleep(1.0)
+        assert services.alive() == {name: True for name in services.procs}, services.logs()
+        assert [e["delivery_id"] for e in _held(queue)] == [e["delivery_id"] for e in held]
+        wait_for(lambda: _all_ready(services), 20, "every service ready after the SIGHUP")
+
         stopped: dict[str, float] = {}
         started = time.monotonic()
         for proc_ in services.procs.values():

@@ -42,7 +42,7 @@ COMMANDS = frozenset({"kafka", "agent", "processor", "actuator", "notifier", "su
 TAKES_COMMAND = frozenset({"submit"})
 # Seconds a stopping notifier still delivers what is due; well inside the 5 s
 # a service has to stop after SIGTERM.
-STOP_DRAIN_S = 1.5
+STOP_DRAIN_S = 1.0
 
 
 def add_commands(sub) -> None:

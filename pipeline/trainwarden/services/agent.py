@@ -50,10 +50,10 @@ REPORT_S = 1.0
 # A start command older than this is from before a restart of this agent: the
 # actuator has long since placed that incarnation elsewhere.
 COMMAND_TTL_S = 60.0
-# SIGTERM to SIGKILL of the instances when the agent itself stops: a service
-# stops within 5 s of its SIGTERM (Kubernetes' grace period is shorter than
-# a job's stop_grace_s would often be).
-STOP_GRACE_S = 3.0
+# SIGTERM to SIGKILL of the instances when the agent itself stops, whatever
+# the job's stop_grace_s: the whole agent must be gone within 5 s of its own
+# SIGTERM, closing its consumers and producer included.
+STOP_GRACE_S = 2.0
 
 
 @dataclasses.dataclass
