@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainwarden.cli.output import fail, iso, listing
+from trainwarden.cli.output import EMPTY, fail, iso, listing
 from trainwarden.cli.stores import job_known, open_existing, store_target
 from trainwarden.cli.tables import Col, time_col
 from trainwarden.store import analytics
@@ -36,7 +36,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         # The same queries as the Grafana dashboards (pipeline/trainwarden/store/analytics.py).
         query = "fault_details" if args.aggregate else "fault_list"
         rows = analytics.run(reader, query, job=args.job, limit=args.limit, **filters)
-        empty = _unmatched(reader, args, filters) if not rows else ""
+        empty = _unmatched(reader, args, filters) if not rows else EMPTY
         return (_aggregate if args.aggregate else _faults)(rows, args, empty)
 
 
@@ -47,7 +47,7 @@ def _unmatched(reader, args: argparse.Namespace, filters: dict) -> str:
     if args.since is not None:
         given.append("--since")
     if not given or not reader.faults(limit=1):
-        return "nothing recorded yet."
+        return EMPTY
     return f"no fault record matches {' '.join(given)}; the store has others (drop a filter to see them)."
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import sys
@@ -11,7 +12,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from trainwarden.cli.tables import Col, render
-
 from trainwarden.events import Decision, DecisionKind, LogLine, Stream
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -21,8 +21,6 @@ out_console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.
 
 def examples(*lines: str) -> dict:
     """``add_parser`` keywords for an "examples:" epilog printed as written."""
-    import argparse
-
     return {"epilog": "examples:\n" + "\n".join(f"  {line}" for line in lines),
             "formatter_class": argparse.RawDescriptionHelpFormatter}
 
@@ -56,8 +54,11 @@ def terminal_width() -> int | None:
     return out_console.width if out_console.is_terminal else None
 
 
+EMPTY = "nothing recorded yet."
+
+
 def table(title: str, columns: Sequence[str | Col], rows: Iterable[Sequence[object]], wide: Sequence[str] = (),
-          *, headers: bool = True, show_all: bool = False, empty: str = "nothing recorded yet.") -> None:
+          *, headers: bool = True, show_all: bool = False, empty: str = EMPTY) -> None:
     """Columns named in ``wide`` (or Col(gives_way=True)) take the room left and are cut with an ellipsis."""
     spec = [c if isinstance(c, Col) else Col(c, gives_way=c in wide) for c in columns]
     render(out_console, title, spec, list(rows), width=terminal_width(), wide=show_all, headers=headers,
@@ -106,7 +107,7 @@ class UsageError(Exception):
 
 
 def listing(args, title: str, columns: Sequence[str | Col], rows: Iterable[Sequence[object]], *,
-            data: object, names: Iterable[str] = (), wide: Sequence[str] = (), empty: str = "") -> int:
+            data: object, names: Iterable[str] = (), empty: str = EMPTY) -> int:
     """One list in the format asked for; ``data`` is what -o json prints."""
     fmt = output_format(args)
     if fmt == "json":
@@ -115,8 +116,8 @@ def listing(args, title: str, columns: Sequence[str | Col], rows: Iterable[Seque
         for name in dict.fromkeys(names):  # once each, in order
             out_console.file.write(f"{name}\n")
     else:
-        table(title, columns, rows, wide, headers=not getattr(args, "no_headers", False), show_all=fmt == "wide",
-              **({"empty": empty} if empty else {}))
+        table(title, columns, rows, headers=not getattr(args, "no_headers", False), show_all=fmt == "wide",
+              empty=empty)
     return 0
 
 

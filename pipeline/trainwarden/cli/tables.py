@@ -41,11 +41,6 @@ def time_col(name: str, drop: int = 0) -> Col:
     return Col(name, drop=drop, compact=short_time)
 
 
-def cols(names: Sequence[str], giving_way: Sequence[str] = ()) -> list[Col]:
-    """Plain columns: all kept whole except those named in ``giving_way``."""
-    return [Col(name, gives_way=name in giving_way) for name in names]
-
-
 @dataclasses.dataclass
 class Layout:
     shown: list[int]  # indices of the columns shown
