@@ -16,7 +16,7 @@ import dataclasses
 import enum
 from typing import Iterable, Optional, Sequence
 
-from trainwarden.classify import Verdict, classify
+from trainwarden.classify import Verdict, classify, weigh_words
 from trainwarden.evidence.ranks import launcher_summary, split_by_rank, strip_prefix
 from trainwarden.rules.model import Retryability, RulePack
 
@@ -53,6 +53,7 @@ class Judged:
     position: int  # tie-break within one tail: where its deciding line is
     verdict: Verdict
     consequence: bool  # aftermath, or the launcher's kill of a rank after another's failure
+    lines: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)  # what it was judged on
 
     @property
     def label(self) -> str:
@@ -86,6 +87,10 @@ def judge(pack: RulePack, failures: Sequence[Failure], custom_keywords: Iterable
     ordered = sorted(judged, key=lambda j: (j.time, j.position))
     root, reason = _choose(ordered)
     rest = tuple(j for j in ordered if j is not root)
+    # The root is chosen on the catalogue's evidence alone; only then are its
+    # words weighed, so that a rank with nothing telling never becomes the
+    # root through them.
+    root = dataclasses.replace(root, verdict=weigh_words(pack, root.verdict, root.lines))
     return Judgement(root=root, consequences=rest, reason=reason)
 
 
@@ -95,7 +100,8 @@ def _judge_instance(pack: RulePack, failure: Failure, keywords: tuple[str, ...])
     whole = classify(pack, failure.exit_code, tail, keywords)
     if set(groups) == {None} or whole.rule in _cross_rank_rules(pack):
         # Evidence across ranks (collectives that disagree) is seen only in the whole tail.
-        return [Judged(failure.instance, None, failure.exit_code, failure.time, 0, whole, whole.aftermath)]
+        return [Judged(failure.instance, None, failure.exit_code, failure.time, 0, whole, whole.aftermath,
+                       tuple(tail))]
     summary = launcher_summary(tail)
     codes = {f.rank: f.exit_code for f in summary.every} if summary else {}
     positions = {line: index for index, line in enumerate(tail)}
@@ -109,14 +115,15 @@ def _judge_instance(pack: RulePack, failure: Failure, keywords: tuple[str, ...])
             continue  # a rank that printed nothing telling and that the launcher does not list did not fail
         position = _position(verdict, lines, positions)
         judged.append(Judged(failure.instance, rank, failure.exit_code if code is None else code, failure.time,
-                             position, verdict, verdict.aftermath))
+                             position, verdict, verdict.aftermath, tuple(lines)))
     launcher_lines = groups.get(None, [])
     if launcher_lines or not judged:
         verdict = classify(pack, failure.exit_code, launcher_lines or tail, keywords)
         root_rank = summary.root.rank if summary and summary.root else None
         if not judged or verdict.kind != "none":
             judged.append(Judged(failure.instance, None, failure.exit_code, failure.time,
-                                 _position(verdict, launcher_lines, positions), verdict, verdict.aftermath))
+                                 _position(verdict, launcher_lines, positions), verdict, verdict.aftermath,
+                                 tuple(launcher_lines or tail)))
         if root_rank is not None:
             judged = [_prefer_summary_root(j, root_rank) for j in judged]
     return judged

@@ -23,7 +23,8 @@ from trainwarden.evidence.signals import canonical_exit_code, signal_death
 from trainwarden.evidence.traceback import TRACEBACK_START, TracebackInfo, last_traceback, parse_exception
 from trainwarden.rules.model import Classifier, Retryability, RulePack
 
-__all__ = ["Candidate", "Verdict", "classify", "final_region", "last_exception_line", "normalise", "strip_prefix"]
+__all__ = ["Candidate", "Verdict", "classify", "final_region", "last_exception_line", "normalise", "strip_prefix",
+           "weigh_words"]
 
 _MASKS = (
     (re.compile(r"0x[0-9a-fA-F]+"), "<hex>"),
@@ -48,7 +49,8 @@ class Candidate:
     aftermath: bool
     # "own": an error the instance reported itself (a pattern, a fact);
     # "structure": the exception's type and where it was raised;
-    # "exit": the exit code or signal alone; "aftermath".
+    # "exit": the exit code or signal alone; "aftermath";
+    # "lexical": what the words of the tail say (evidence.lexical).
     kind: str
 
 
@@ -63,7 +65,7 @@ class Verdict:
     priority: int = 0
     # Decided by aftermath only: the failure is a consequence of another's.
     aftermath: bool = False
-    kind: str = "none"  # the winning candidate's kind: own, structure, exit, aftermath, keyword, none
+    kind: str = "none"  # the winning candidate's kind: own, structure, exit, aftermath, keyword, lexical, none
     exit_code: int = 0  # canonical: a signal N as 128+N
     exception: str = ""  # the last traceback's exception type
     raised_in: str = ""  # where it was raised (evidence.traceback.Origin value)
@@ -282,3 +284,32 @@ def _keyword_match(keywords: Iterable[str], tail: Sequence[str]) -> Optional[tup
             if keyword in low:
                 return keyword, line
     return None
+
+
+# The catalogue's weak evidence: nothing, the exit code alone, or the
+# exception's type and place alone. A pattern that names the error, the
+# job's own keywords and aftermath are never outweighed by words.
+_WEAK_KINDS = ("none", "exit", "structure")
+LEXICAL_CATEGORIES = {Retryability.RETRYABLE: "likely_transient", Retryability.NOT_RETRYABLE: "likely_persistent"}
+
+
+def weigh_words(pack: RulePack, verdict: Verdict, tail: Sequence[str]) -> Verdict:
+    """The verdict once the words of the tail are weighed (``pack.lexical``).
+    Where the catalogue's evidence is weak and the model is confident, the
+    model decides; it is listed among the evidence either way. The
+    signature stays the catalogue's, so that the same error still counts
+    as the same."""
+    model = pack.lexical
+    if model is None or verdict.kind not in _WEAK_KINDS:
+        return verdict
+    # Where the failure is told (the last traceback on, or the last lines):
+    # hundreds of progress lines before it would otherwise outweigh it.
+    score = model.score(final_region(list(tail)[-pack.tail_lines:]))
+    said = Retryability.RETRYABLE if score.retryable >= 0.5 else Retryability.NOT_RETRYABLE
+    words = ", ".join(f"{token} {weight:+.2f}" for token, weight in score.weighed)
+    candidate = Candidate("lexical", LEXICAL_CATEGORIES[said], said, 0,
+                          f"p(retryable)={score.retryable:.2f}: {words}", False, "lexical")
+    if not model.confident(score):
+        return dataclasses.replace(verdict, evidence=(*verdict.evidence, candidate))
+    return dataclasses.replace(verdict, verdict=said, category=candidate.category, rule="lexical",
+                               kind="lexical", evidence=(candidate, *verdict.evidence))

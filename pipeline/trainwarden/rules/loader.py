@@ -31,6 +31,7 @@ from trainwarden.rules.model import (
     RulePack,
 )
 from trainwarden.evidence.facts import FACT_NAMES
+from trainwarden.rules.lexical_file import lexical_setting
 from trainwarden.rules.patterns import PatternError, PatternIndex, compile_pattern
 from trainwarden.evidence.traceback import Origin as FrameOrigin
 from trainwarden.settings import FLAGS, ExecutionMode, FaultTolerantPolicy
@@ -178,6 +179,10 @@ class _PackBuilder:
             if isinstance(window, bool) or not 0 <= window <= 600:
                 raise fields.error("attribution_window_s", "attribution_window_s must be from 0 to 600 seconds")
             self.settings["attribution_window_s"] = float(window)
+        lexical = fields.get("lexical", dict, None)
+        if lexical is not None:
+            self.settings["lexical"] = lexical_setting(Fields(lexical, fields.path, "settings.lexical",
+                                                              fields.line("lexical")))
         fields.done()
 
     def build(self) -> RulePack:
@@ -202,6 +207,7 @@ class _PackBuilder:
             files=tuple(self.files),
             unknown_restarts=self.settings.get("unknown_restarts", 1),
             attribution_window_s=self.settings.get("attribution_window_s", 5.0),
+            lexical=self.settings.get("lexical"),
         )
 
 

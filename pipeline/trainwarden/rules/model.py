@@ -18,6 +18,7 @@ import enum
 from typing import Optional
 
 from trainwarden.events import DecisionKind, ErrorSource, Reason
+from trainwarden.evidence.lexical import LexicalModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +178,10 @@ class RulePack:
     # Sync jobs: after the first failure, how long to wait for the other
     # instances' exits and tails before judging the job's root cause.
     attribution_window_s: float = 5.0
+    # What the words of a tail say, learned from real failures
+    # (evidence/lexical.py); weighed where the catalogue has only weak
+    # evidence. None: the catalogue alone.
+    lexical: Optional["LexicalModel"] = dataclasses.field(default=None, compare=False, repr=False)
     # Every classifier's patterns in one RE2 set (rules/patterns.py), built by the loader.
     pattern_index: Optional[object] = dataclasses.field(default=None, compare=False, repr=False)
 

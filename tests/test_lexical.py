@@ -1,0 +1,132 @@
+"""Lexical evidence (evidence/lexical.py): what the words of a tail say,
+learned from labelled failures, weighed where the catalogue's evidence is
+weak."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from trainwarden.attribution import Failure, judge
+from trainwarden.classify import classify, weigh_words
+from trainwarden.evidence.lexical import (Example, LexicalModel, WeightsError, parse_weights, tokens, train,
+                                         weights_to_text)
+from trainwarden.rules.lexical_file import lexical_setting
+from trainwarden.rules.loader import load_rules, shipped_rules_dir
+from trainwarden.rules.model import Retryability
+from trainwarden.yamlsrc import ConfigError, Fields
+
+PACK = load_rules()
+# Words a catalogue has no pattern for, told apart by a model alone.
+FLAKY = ("transport endpoint flapped while syncing shards", "retry budget spent on flapped transport")
+BROKEN = ("the option frobnicate is unsupported with this layout", "unsupported layout option frobnicate")
+
+
+def _toy_model(confidence: float = 0.3) -> LexicalModel:
+    examples = [Example((line,), True) for line in FLAKY] * 4 + [Example((line,), False) for line in BROKEN] * 4
+    return train(examples, l2=0.1, epochs=40, min_documents=1, confidence=confidence)
+
+
+def test_tokens_are_the_words_and_neighbouring_pairs_of_a_line_with_numbers_paths_and_prefixes_masked():
+    found = tokens(["[rank3]: Bad value 42 in /data/shard/7.bin at 0xdeadbeef", "next line"])
+    assert {"bad", "value", "bad value", "path_", "next line"} <= found
+    assert not any(char.isdigit() for token in found for char in token)
+    assert "line bad" not in found and "rank" not in found
+
+
+def test_a_huge_line_costs_no_more_than_its_bounded_prefix():
+    found = tokens(["word " * 1_000_000])
+    assert found == {"word", "word word"}
+
+
+def test_training_is_deterministic_and_learns_which_words_go_with_which_label():
+    first, second = _toy_model(), _toy_model()
+    assert first == second
+    assert first.score(["transport endpoint flapped"]).retryable > 0.8
+    assert first.score(["option frobnicate is unsupported"]).retryable < 0.2
+
+
+def test_weights_round_trip_through_their_text_form_and_a_malformed_line_is_refused_by_number():
+    model = _toy_model()
+    assert parse_weights(weights_to_text(model.weights)) == model.weights
+    for text, number, message in [("a 0.1\nA 0.2\n", 2, "is not 'word weight'"),
+                                  ("a 0.1\nb nan\n", 2, "is not 'word weight'"),
+                                  ("a 0.1\n\na 0.3\n", 3, "has a weight already"),
+                                  ("a 1e9\n", 1, "out of range"),
+                                  ("three words here 0.1\n", 1, "is not 'word weight'")]:
+        with pytest.raises(WeightsError, match=message) as caught:
+            parse_weights(text)
+        assert caught.value.line == number
+
+
+def test_where_the_catalogue_knows_nothing_a_confident_model_decides_and_names_its_words():
+    pack = dataclasses.replace(PACK, lexical=_toy_model())
+    verdict = classify(pack, 1, ["transport endpoint flapped while syncing shards"])
+    assert verdict.kind == "none"
+    weighed = weigh_words(pack, verdict, ["transport endpoint flapped while syncing shards"])
+    assert weighed.verdict is Retryability.RETRYABLE and weighed.rule == "lexical"
+    assert weighed.category == "likely_transient" and weighed.kind == "lexical"
+    assert weighed.evidence[0].rule == "lexical" and "flapped" in weighed.evidence[0].line
+    assert weighed.signature == verdict.signature  # the same error still counts as the same
+
+
+def test_a_pattern_that_names_the_error_is_never_outweighed_by_words():
+    pack = dataclasses.replace(PACK, lexical=_toy_model())
+    tail = ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB",
+            "transport endpoint flapped while syncing shards"]
+    verdict = judge(pack, [Failure("worker-0", 1, tail)]).verdict
+    assert verdict.rule == "cuda_out_of_memory" and not verdict.retryable
+
+
+def test_a_model_that_is_not_confident_leaves_the_verdict_and_is_listed_as_evidence():
+    pack = dataclasses.replace(PACK, lexical=_toy_model(confidence=0.4999))
+    tail = ["something nobody has seen"]
+    verdict = judge(pack, [Failure("worker-0", 1, tail)]).verdict
+    assert verdict.verdict is Retryability.UNKNOWN and verdict.rule == "fallback"
+    assert verdict.evidence[-1].rule == "lexical"
+
+
+def test_a_rank_with_nothing_telling_does_not_become_the_root_through_its_words():
+    pack = dataclasses.replace(PACK, lexical=_toy_model())
+    shape_error = ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>',
+                   "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)"]
+    judgement = judge(pack, [Failure("worker-1", 1, shape_error, time=2.0),
+                             Failure("worker-0", 1, ["transport endpoint flapped while syncing shards"], time=1.0)])
+    assert judgement.root.instance == "worker-1" and not judgement.verdict.retryable
+
+
+def test_the_shipped_pack_weighs_the_shipped_model():
+    assert PACK.lexical is not None and len(PACK.lexical.weights) > 1000
+    assert "tuning set" in PACK.lexical.trained_on
+
+
+def _setting(tmp_path, text: str) -> Fields:
+    from trainwarden.yamlsrc import load_yaml_file
+    rule_file = tmp_path / "rules.yaml"
+    rule_file.write_text(text)
+    return Fields(load_yaml_file(rule_file)["lexical"], rule_file, "settings.lexical")
+
+
+def test_a_malformed_weight_is_refused_naming_the_rule_file_and_its_line(tmp_path):
+    text = "lexical:\n  bias: 0.1\n  weights: |\n    good 0.5\n    bad word here 0.1\n"
+    with pytest.raises(ConfigError, match=r"rules\.yaml:5: settings\.lexical\.weights: 'bad word here 0\.1'"):
+        lexical_setting(_setting(tmp_path, text))
+
+
+def test_a_confidence_out_of_range_is_refused_and_a_later_file_can_switch_the_model_off(tmp_path):
+    with pytest.raises(ConfigError, match=r"rules\.yaml:2: confidence must be between 0 and 0\.5"):
+        lexical_setting(_setting(tmp_path, "lexical:\n  confidence: 0.9\n  bias: 0\n  weights: |\n    a 1\n"))
+    with pytest.raises(ConfigError, match=r"unknown key 'wieghts'"):
+        lexical_setting(_setting(tmp_path, "lexical:\n  bias: 0\n  weights: ''\n  wieghts: x\n"))
+    assert lexical_setting(_setting(tmp_path, "lexical:\n  enabled: false\n")) is None
+
+
+def test_the_shipped_model_is_what_training_on_the_tuning_set_gives():
+    import subprocess
+    import sys
+
+    root = shipped_rules_dir().parent
+    result = subprocess.run([sys.executable, str(root / "bench" / "train_lexical.py"), "--check"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
