@@ -6,12 +6,14 @@ import sys
 TRICKY = 'loss "nan" <b>[bold]x[/bold]</b> \\\\ tab\there'
 JOB = (f"import os, sys\nprint({TRICKY!r}, flush=True)\n"
        "if os.environ['TRAINWARDEN_RESTART_ROUND'] == '0' and os.environ['RANK'] == '1':\n"
-       "    print('RuntimeError: NCCL error: unhandled system error', file=sys.stderr)\n"
-       "    sys.exit(1)\n")
+       "    print('killed', file=sys.stderr)\n"
+       "    sys.exit(137)\n")
 
 
 def test_run_emits_every_event_as_a_json_line(cli, job_id, store):
-    result = cli("run", "-o", "json", "--job-id", job_id, "--nproc", "2", "--args", "--enable-job-restart=True",
+    # OnFailure: any failure restarts, whatever the catalogue makes of it.
+    args = "--enable-job-restart=True --fault-tolerant-policy=OnFailure"
+    result = cli("run", "-o", "json", "--job-id", job_id, "--nproc", "2", "--args", args,
                  "--", sys.executable, "-c", JOB)
     assert result.code == 0, result
     events = [json.loads(line) for line in result.out.splitlines()]  # nothing else on stdout
@@ -22,11 +24,11 @@ def test_run_emits_every_event_as_a_json_line(cli, job_id, store):
     started = [(e["instance"], e["round"]) for e in events if e["event"] == "instance_started"]
     assert sorted(started) == [("worker-0", 0), ("worker-0", 1), ("worker-1", 0), ("worker-1", 1)]
     exits = {(e["instance"], e["round"]): e["exit_code"] for e in events if e["event"] == "instance_exited"}
-    assert exits[("worker-1", 0)] == 1 and exits[("worker-1", 1)] == 0
+    assert exits[("worker-1", 0)] == 137 and exits[("worker-1", 1)] == 0
     decisions = [e for e in events if e["event"] == "decision"]
     restart = next(d for d in decisions if d["kind"] == "restart_job")
-    assert restart["instance"] == "worker-1" and restart["reason"] == "retryable_failure"
-    assert restart["error_message"].startswith("RuntimeError: NCCL error") and restart["verdict"] == "retryable"
+    assert restart["instance"] == "worker-1" and restart["error_code"] == 137 and restart["error_message"] == "killed"
+    assert restart["rule"] and restart["reason"] and restart["action_id"]
     assert decisions[-1]["kind"] == "complete_job"
     texts = [e["text"] for e in events if e["event"] == "line" and e["stream"] == "stdout"]
     assert texts == [TRICKY] * 4

@@ -13,7 +13,8 @@ JOB = ("import os, sys\nprint('out of', os.environ['TRAINWARDEN_INSTANCE'], 'rou
 def test_each_incarnation_has_its_stdout_and_stderr_file(cli, job_id, tmp_path):
     logs = tmp_path / "logs"
     result = cli("run", "--log-dir", str(logs), "--job-id", job_id, "--nproc", "2",
-                 "--args", "--enable-job-restart=True", "--", sys.executable, "-c", JOB)
+                 "--args", "--enable-job-restart=True --fault-tolerant-policy=OnFailure", "--", sys.executable, "-c",
+                 JOB)
     assert result.code == 0, result
     files = sorted(str(p.relative_to(logs)) for p in logs.rglob("*") if p.is_file())
     assert files == sorted(f"{job_id}/worker-{i}/r{r}-s{r}.{s}.log" for i in (0, 1) for r in (0, 1)
