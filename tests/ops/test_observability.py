@@ -9,6 +9,7 @@ import argparse
 import io
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from trainwarden.bus.memory import MemoryBus
-from trainwarden.cli.main import build_parser
+from trainwarden.cli.main import _join_args_value, build_parser
 from trainwarden.notify import MemoryDeliveryLog, Notifier, load_subscriptions, sample_event
 from trainwarden.services.logs import ServiceLog
 from trainwarden.services.observability import Address, Observer, parse_address, store_writable
@@ -168,6 +169,27 @@ def test_every_option_of_the_service_submit_and_nodes_commands_has_help_an_envir
         assert {"--metrics-address", "--log-format", "--bootstrap"} <= options, name
 
 
+@pytest.mark.parametrize("name", CLUSTER_COMMANDS)
+def test_the_examples_in_the_help_of_the_cluster_commands_parse(name):
+    epilog = _subparsers(build_parser())[name].epilog
+    checked = 0
+    for line in epilog.split("\n")[1:]:
+        words = shlex.split(line.split("|")[0], comments=True)
+        while words and "=" in words[0] and not words[0].startswith("-"):
+            words.pop(0)  # VARIABLE=value before the command
+        if not words or words[0] != "trainwarden":
+            continue  # kill -HUP PID
+        argv = words[1:]
+        if "--" in argv:
+            argv = argv[:argv.index("--")]  # the job's command
+        try:
+            build_parser().parse_args(_join_args_value(argv))
+        except SystemExit as exc:
+            pytest.fail(f"the example {line!r} does not parse (exit {exc.code})")
+        checked += 1
+    assert checked >= 2, epilog
+
+
 def _cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     full = dict(os.environ, PYTHONPATH=str(ROOT / "pipeline"), **(env or {}))
     full.pop("TRAINWARDEN_KAFKA", None)
@@ -191,6 +213,7 @@ def test_bad_values_of_flags_and_of_their_environment_variables_are_refused_nami
     assert "--log-format" in _one_sentence_and_a_hint(_cli("actuator", env={"TRAINWARDEN_LOG_FORMAT": "xml"}))
     assert "$TRAINWARDEN_FOLLOW" in _one_sentence_and_a_hint(
         _cli("submit", "--bootstrap", "memory", "--", "true", env={"TRAINWARDEN_FOLLOW": "maybe"}))
+    assert "disagree" in _one_sentence_and_a_hint(_cli("submit", "--json", "-o", "text", "--", "true"))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

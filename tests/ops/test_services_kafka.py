@@ -90,9 +90,9 @@ def _notifications(tmp: Path, url: str, rate: float = 0) -> Path:
 class _Follow:
     """``submit --follow --json``, its stdout read as it comes."""
 
-    def __init__(self, services: ServiceProcesses, job_id: str, args: str, *program: str):
+    def __init__(self, services: ServiceProcesses, job_id: str, args: str, *program: str, json_flag: str = "--json"):
         self.proc = subprocess.Popen(
-            [*TRAINWARDEN, "submit", "--follow", "--json", "--job-id", job_id, "--nproc", "2", "--args", args,
+            [*TRAINWARDEN, "submit", "--follow", *json_flag.split(), "--job-id", job_id, "--nproc", "2", "--args", args,
              "--", *behave(*program)], env=services.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True)
         self.events: list[dict] = []
@@ -118,10 +118,11 @@ class _Follow:
         return self.proc.returncode
 
 
-def _glitch_job(services: ServiceProcesses, job_id: str) -> _Follow:
+def _glitch_job(services: ServiceProcesses, job_id: str, json_flag: str = "--json") -> _Follow:
     return _Follow(services, job_id, "--enable-job-restart=True --max-num-of-job-restart=3", "--steps", "15",
                    "--step-s", "0.2", "--say", AWKWARD, "--fail-rank", "1", "--fail-rounds", "0", "--fail-at-step",
-                   "4", "--fail-message", "SITE_DISK_GLITCH: /scratch went away")
+                   "4", "--fail-message", "RuntimeError: NCCL error: unhandled system error (SITE_DISK_GLITCH on /scratch)",
+                   json_flag=json_flag)
 
 
 def _dashboard_queries() -> list[str]:
@@ -158,7 +159,7 @@ def test_every_service_serves_metrics_health_and_readiness_while_a_job_runs_and_
             assert build["component"] == ("agent" if name.startswith("agent-") else name), build
             assert build["version"] and build["version"] != "unknown", build
 
-        # With the shipped rules the glitch is an unknown error: retried once, and the job succeeds.
+        # With the shipped rules the failure is an NCCL error: retried, and the job succeeds.
         follow = _glitch_job(services, job_id)
         wait_for(lambda: follow.of_kind("restart_job"), 90, "the job's restart")
         # The job is still running (round 1): every service answers, and is ready.
@@ -167,7 +168,7 @@ def test_every_service_serves_metrics_health_and_readiness_while_a_job_runs_and_
         assert follow.finish(services) == 0, services.logs() + follow.stderr
         after = {name: _samples(services, name) for name in _service_names(services)}
         (restart,) = follow.of_kind("restart_job")
-        assert restart["classifier"] == "fallback", restart
+        assert restart["classifier"] == "nccl_error", restart
 
         moved = lambda name, metric: after[name][metric] - before[name][metric]  # noqa: E731
         assert moved("processor", "trainwarden_processor_decisions_total") >= 3  # start, restart, complete
@@ -198,12 +199,12 @@ def test_every_service_serves_metrics_health_and_readiness_while_a_job_runs_and_
         assert said and said[0]["instance"] in ("worker-0", "worker-1") and said[0]["job_id"] == job_id
         assert follow.decisions()[-1]["kind"] == "complete_job"
 
-        # A valid change: the site's rule judges the same failure not retryable.
+        # A valid change: the site's rule (a higher priority) judges the same failure not retryable.
         (rules / "60-site.yaml").write_text(SITE_RULE)
         said = _hup_and_wait(services, "processor", "rules reloaded")
         assert f"{len(list(rules.glob('*.yaml')))} files" in said, said
         assert services.alive()["processor"]
-        follow = _glitch_job(services, job_id + "-b")
+        follow = _glitch_job(services, job_id + "-b", json_flag="-o json")
         assert follow.finish(services) == 1, services.logs() + follow.stderr
         final = follow.decisions()[-1]
         assert (final["kind"], final["classifier"], final["category"]) == ("fail_job", "site_disk_glitch",

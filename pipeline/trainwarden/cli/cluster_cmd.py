@@ -22,7 +22,7 @@ from trainwarden.bus.base import read_to_end
 from trainwarden.bus.messages import Heartbeat, NodeState
 from trainwarden.bus.serde import DecodeError, decode, encode
 from trainwarden.cli.notify_cmd import add_notify_options, notify_options
-from trainwarden.cli.output import ConsoleReporter, err_console, fail, iso, print_json, table
+from trainwarden.cli.output import ConsoleReporter, add_output_options, err_console, examples, fail, iso, listing
 from trainwarden.events import DecisionKind
 from trainwarden.jobspec import from_command, load_job_file
 from trainwarden.rules.loader import load_rules
@@ -49,12 +49,12 @@ def add_commands(sub) -> None:
     kafka = sub.add_parser("kafka", help="Kafka topics for the distributed services")
     kafka_sub = kafka.add_subparsers(dest="kafka_command", metavar="ACTION")
     kafka_sub.required = True
-    init = kafka_sub.add_parser("init", help="create the topics (idempotent)", **_examples(
+    init = kafka_sub.add_parser("init", help="create the topics (idempotent)", **examples(
         "trainwarden kafka init --partitions 8 --bootstrap kafka:9092"))
     _option(init, "--partitions", type=int, default=8, help="partitions of the job topics (default 8)")
     _bootstrap(init)
 
-    agent = sub.add_parser("agent", help="run the node agent: starts instances placed on this node", **_examples(
+    agent = sub.add_parser("agent", help="run the node agent: starts instances placed on this node", **examples(
         "trainwarden agent --node gpu-7 --slots 8 --bootstrap kafka:9092",
         "TRAINWARDEN_NODE=gpu-7 trainwarden agent --metrics-address 0.0.0.0:9464 --log-format json",
         "trainwarden agent --node n1 --slurm-dir /shared/tw        # on a Slurm node"))
@@ -72,14 +72,14 @@ def add_commands(sub) -> None:
                                           "arrive twice)")
     _service_options(agent)
 
-    processor = sub.add_parser("processor", help="run the stream processor: the engine over Kafka", **_examples(
+    processor = sub.add_parser("processor", help="run the stream processor: the engine over Kafka", **examples(
         "trainwarden processor --rules /etc/trainwarden/rules --bootstrap kafka:9092",
         "trainwarden processor --metrics-address 0.0.0.0:9464      # then: kill -HUP PID reloads the rules"))
     _option(processor, "--rules", help="rules directory (default: the shipped rules); SIGHUP reloads it")
     _service_options(processor)
 
     actuator = sub.add_parser("actuator", help="run the actuator: places instances, executes decisions",
-                              **_examples("trainwarden actuator --store /var/lib/trainwarden/history",
+                              **examples("trainwarden actuator --store /var/lib/trainwarden/history",
                                           "trainwarden actuator --store http://trainwarden@clickhouse:8123/trainwarden",
                                           "trainwarden actuator --slurm-dir /shared/tw --node-timeout 30"))
     _option(actuator, "--store", help="history store: a directory (chDB) or http(s)://user@host:port/db (default: "
@@ -94,15 +94,15 @@ def add_commands(sub) -> None:
     notifier = sub.add_parser("notifier", help="run the notifier: decisions as signed webhook events",
                               description="Reads the decisions topic in its own group and delivers the events to "
                                           "the subscriptions (docs/EVENTS.md); the delivery log goes to the store.",
-                              **_examples("trainwarden notifier --notifications rules/notifications --store "
+                              **examples("trainwarden notifier --notifications rules/notifications --store "
                                           "/var/lib/trainwarden/history",
+                                          "TRAINWARDEN_NOTIFICATIONS=/etc/trainwarden/notifications trainwarden "
+                                          "notifier --metrics-address :9464 --log-format json",
                                           "kill -HUP PID       # reloads the subscriptions; invalid ones are "
                                           "refused with file:line"))
     add_notify_options(notifier)
     for flag in ("--notifications", "--notify-dir"):
-        # notify_cmd reads these variables already (shared with `run`); the help says so here.
-        action = notifier._option_string_actions[flag]
-        action.help = f"{action.help} [env {_env_name(flag)}]"
+        _env_of(notifier, flag)
     _option(notifier, "--store", help="history store for the delivery log: a directory (chDB) or "
                                       "http(s)://user@host:port/db")
     _option(notifier, "--max-age", type=float, default=3600.0,
@@ -111,7 +111,7 @@ def add_commands(sub) -> None:
 
     submit = sub.add_parser("submit", help="submit a job to the cluster",
                             description="trainwarden submit JOB.yaml | trainwarden submit [--nproc N] -- CMD ...",
-                            **_examples("trainwarden submit examples/job.yaml --follow",
+                            **examples("trainwarden submit examples/job.yaml --follow",
                                         "trainwarden submit --nproc 4 --args \"--enable-job-restart=True\" -- "
                                         "python train.py",
                                         "trainwarden submit job.yaml --follow --json | jq -c 'select(.event == "
@@ -129,17 +129,23 @@ def add_commands(sub) -> None:
             help="where the cluster runs it: agents (Trainwarden's, the default) or slurm")
     _switch(submit, "--follow", help="stream output and exit 0/1 with the outcome")
     _switch(submit, "--quiet", help="with --follow: decisions only")
-    _switch(submit, "--json", help="JSON lines on stdout: the submission, and with --follow every output line "
-                                   "and decision")
+    # As `run -o json`: JSON lines of events. --json is the same (as for every other command).
+    _option(submit, "-o", "--output", type=_choice("text", "json"), metavar="FORMAT",
+            help="text: output lines and decisions for people (default); json: one JSON object per line on stdout, "
+                 "the submission and with --follow every output line and decision")
+    _switch(submit, "--json", help="the same as -o json")
     _bootstrap(submit)
 
-    nodes = sub.add_parser("nodes", help="list nodes; isolate or uncordon one", **_examples(
-        "trainwarden nodes", "trainwarden nodes --json", "trainwarden nodes isolate gpu-7",
+    nodes = sub.add_parser("nodes", help="list nodes; isolate or uncordon one", **examples(
+        "trainwarden nodes", "trainwarden nodes -o json", "trainwarden nodes -o name --listen 5",
+        "trainwarden nodes isolate gpu-7",
         "trainwarden nodes uncordon gpu-7"))
     nodes.add_argument("action", nargs="?", choices=("list", "isolate", "uncordon"), default="list",
                        help="list (the default), isolate (no new instances there) or uncordon (ready again)")
     nodes.add_argument("name", nargs="?", help="the node to isolate or uncordon: one the cluster knows")
-    _switch(nodes, "--json", help="JSON for machines")
+    add_output_options(nodes, names="node name")
+    for flag in ("--output", "--json", "--no-headers"):
+        _env_of(nodes, flag)
     _option(nodes, "--listen", type=float, default=2.5, help="seconds to listen for heartbeats (default 2.5)")
     _bootstrap(nodes)
 
@@ -153,18 +159,33 @@ def _env_name(flag: str) -> str:
     return "TRAINWARDEN_" + flag.lstrip("-").upper().replace("-", "_")
 
 
-def _option(parser: argparse.ArgumentParser, flag: str, *, env: str = "", default=None, help: str, **kwargs) -> None:
+def _option(parser: argparse.ArgumentParser, *flags: str, env: str = "", default=None, help: str, **kwargs) -> None:
     """An option whose default comes from an environment variable (argparse
     converts and checks it like a value given on the command line)."""
-    env = env or _env_name(flag)
+    env = env or _env_name(flags[-1])
     value = os.environ.get(env)
-    parser.add_argument(flag, default=value if value else default, help=f"{help} [env {env}]", **kwargs)
+    parser.add_argument(*flags, default=value if value else default, help=f"{help} [env {env}]", **kwargs)
 
 
 def _switch(parser: argparse.ArgumentParser, flag: str, *, help: str) -> None:
     env = _env_name(flag)
     action = parser.add_argument(flag, action="store_true", default=None, help=f"{help} [env {env}=1]")
     _SWITCHES[action.dest] = env
+
+
+def _env_of(parser: argparse.ArgumentParser, flag: str) -> None:
+    """An option another module defines (shared with other commands) gets its
+    environment variable here, as those of _option and _switch do."""
+    action = parser._option_string_actions[flag]
+    env = _env_name(flag)
+    if isinstance(action, argparse._StoreTrueAction):
+        action.default = None
+        _SWITCHES[action.dest] = env
+        action.help = f"{action.help} [env {env}=1]"
+        return
+    if os.environ.get(env):
+        action.default = action.type(os.environ[env]) if action.type else os.environ[env]
+    action.help = f"{action.help} [env {env}]"
 
 
 def _resolve_switches(args: argparse.Namespace) -> str:
@@ -188,11 +209,6 @@ def _choice(*allowed: str):
         return text
 
     return check
-
-
-def _examples(*lines: str) -> dict:
-    return {"epilog": "examples:\n" + "\n".join(f"  {line}" for line in lines),
-            "formatter_class": argparse.RawDescriptionHelpFormatter}
 
 
 def _bootstrap(parser: argparse.ArgumentParser) -> None:
@@ -373,6 +389,9 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
 
     if args.job_file and command:
         return fail("give either a job file or a command after '--', not both")
+    if args.json and args.output not in (None, "json"):
+        return fail(f"--json and -o {args.output} disagree", hint="give one of them")
+    as_json = args.json or args.output == "json"
     job = (load_job_file(args.job_file, job_id=args.job_id) if args.job_file
            else from_command(command, args.nproc, args.args or "", args.job_id, args.framework))
     job = dataclasses.replace(job, runtime=args.runtime)
@@ -386,14 +405,14 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
         return fail("could not subscribe to the job's output in 30 s", code=1)
     submit(bus, job)
     err_console.print(f"trainwarden ▸ submitted {job.job_id} ({len(job.instances())} instances)")
-    if args.json:
+    if as_json:
         _json_line({"event": "submitted", "job_id": job.job_id, "instances": len(job.instances()),
                     "runtime": job.runtime})
     elif follower is None:
         print(job.job_id)
     if follower is None:
         return 0
-    if args.json:
+    if as_json:
         on_line = (lambda line: None) if args.quiet else (lambda line: _json_line(line_event(line)))
         on_decision = lambda d: _json_line(decision_event(d))  # noqa: E731
         flush = sys.stdout.flush
@@ -461,12 +480,9 @@ def _nodes(args: argparse.Namespace) -> int:
         rows.append({"node": name, "state": status, "reason": state.reason if state else "",
                      "slots": beat.slots if beat else 0, "running": len(beat.running) if beat else 0,
                      "last_heartbeat": beat.time if beat else 0.0})
-    if args.json:
-        print_json(rows)
-        return 0
-    table("Nodes", ["node", "state", "slots", "running", "last heartbeat", "reason"],
-          ([r["node"], r["state"], r["slots"], r["running"], iso(r["last_heartbeat"]), r["reason"]] for r in rows))
-    return 0
+    return listing(args, "Nodes", ["node", "state", "slots", "running", "last heartbeat", "reason"],
+                   ([r["node"], r["state"], r["slots"], r["running"], iso(r["last_heartbeat"]), r["reason"]]
+                    for r in rows), data=rows, names=[r["node"] for r in rows], empty="no node has been heard of.")
 
 
 def _read_all(bus, topic: str) -> dict:
