@@ -19,8 +19,8 @@ from trainwarden.yamlsrc import ConfigError, Fields
 
 PACK = load_rules()
 # Words a catalogue has no pattern for, told apart by a model alone.
-FLAKY = ("transport endpoint flapped while syncing shards", "retry budget spent on flapped transport")
-BROKEN = ("the option frobnicate is unsupported with this layout", "unsupported layout option frobnicate")
+FLAKY = ("error: transport endpoint flapped while syncing shards", "failed: retry budget spent on flapped transport")
+BROKEN = ("error: the option frobnicate is unsupported with this layout", "failed: unsupported layout option frobnicate")
 
 
 def _toy_model(confidence: float = 0.3) -> LexicalModel:
@@ -29,22 +29,27 @@ def _toy_model(confidence: float = 0.3) -> LexicalModel:
 
 
 def test_tokens_are_the_words_and_neighbouring_pairs_of_a_line_with_numbers_paths_and_prefixes_masked():
-    found = tokens(["[rank3]: Bad value 42 in /data/shard/7.bin at 0xdeadbeef", "next line"])
-    assert {"bad", "value", "bad value", "path_", "next line"} <= found
+    found = tokens(["[rank3]: Bad value 42 in /data/shard/7.bin at 0xdeadbeef: invalid", "next line failed"])
+    assert {"bad", "value", "bad value", "path_", "next line", "line failed"} <= found
     assert not any(char.isdigit() for token in found for char in token)
-    assert "line bad" not in found and "rank" not in found
+    assert "invalid next" not in found and "rank" not in found
+
+
+def test_progress_lines_are_not_read_only_the_lines_that_tell_of_a_failure():
+    assert tokens(["epoch 3 step 200 loss 1.23 lr 3e-4", "saving shards"]) == frozenset()
+    assert "connection" in tokens(["epoch 3 step 200 loss 1.23", "RuntimeError: connection reset by peer"])
 
 
 def test_a_huge_line_costs_no_more_than_its_bounded_prefix():
-    found = tokens(["word " * 1_000_000])
-    assert found == {"word", "word word"}
+    found = tokens(["error " * 1_000_000])
+    assert found == {"error", "error error"}
 
 
 def test_training_is_deterministic_and_learns_which_words_go_with_which_label():
     first, second = _toy_model(), _toy_model()
     assert first == second
-    assert first.score(["transport endpoint flapped"]).retryable > 0.8
-    assert first.score(["option frobnicate is unsupported"]).retryable < 0.2
+    assert first.score(["error: transport endpoint flapped"]).retryable > 0.8
+    assert first.score(["error: option frobnicate is unsupported"]).retryable < 0.2
 
 
 def test_weights_round_trip_through_their_text_form_and_a_malformed_line_is_refused_by_number():
@@ -62,9 +67,9 @@ def test_weights_round_trip_through_their_text_form_and_a_malformed_line_is_refu
 
 def test_where_the_catalogue_knows_nothing_a_confident_model_decides_and_names_its_words():
     pack = dataclasses.replace(PACK, lexical=_toy_model())
-    verdict = classify(pack, 1, ["transport endpoint flapped while syncing shards"])
+    verdict = classify(pack, 1, ["failed: transport endpoint flapped while syncing shards"])
     assert verdict.kind == "none"
-    weighed = weigh_words(pack, verdict, ["transport endpoint flapped while syncing shards"])
+    weighed = weigh_words(pack, verdict, ["failed: transport endpoint flapped while syncing shards"])
     assert weighed.verdict is Retryability.RETRYABLE and weighed.rule == "lexical"
     assert weighed.category == "likely_transient" and weighed.kind == "lexical"
     assert weighed.evidence[0].rule == "lexical" and "flapped" in weighed.evidence[0].line
@@ -74,14 +79,14 @@ def test_where_the_catalogue_knows_nothing_a_confident_model_decides_and_names_i
 def test_a_pattern_that_names_the_error_is_never_outweighed_by_words():
     pack = dataclasses.replace(PACK, lexical=_toy_model())
     tail = ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB",
-            "transport endpoint flapped while syncing shards"]
+            "failed: transport endpoint flapped while syncing shards"]
     verdict = judge(pack, [Failure("worker-0", 1, tail)]).verdict
     assert verdict.rule == "cuda_out_of_memory" and not verdict.retryable
 
 
 def test_a_model_that_is_not_confident_leaves_the_verdict_and_is_listed_as_evidence():
     pack = dataclasses.replace(PACK, lexical=_toy_model(confidence=0.4999))
-    tail = ["something nobody has seen"]
+    tail = ["error: something nobody has seen"]
     verdict = judge(pack, [Failure("worker-0", 1, tail)]).verdict
     assert verdict.verdict is Retryability.UNKNOWN and verdict.rule == "fallback"
     assert verdict.evidence[-1].rule == "lexical"
@@ -92,7 +97,8 @@ def test_a_rank_with_nothing_telling_does_not_become_the_root_through_its_words(
     shape_error = ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>',
                    "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)"]
     judgement = judge(pack, [Failure("worker-1", 1, shape_error, time=2.0),
-                             Failure("worker-0", 1, ["transport endpoint flapped while syncing shards"], time=1.0)])
+                             Failure("worker-0", 1, ["failed: transport endpoint flapped while syncing shards"],
+                                     time=1.0)])
     assert judgement.root.instance == "worker-1" and not judgement.verdict.retryable
 
 

@@ -2,8 +2,8 @@
 
 Patterns name errors one wording at a time and do not carry over to the
 endless ways a configuration error or a flaky network is told. This is a
-logistic model over the words of the tail (numbers, paths and ids masked,
-single words and word pairs of a line), trained on the tuning set of the
+logistic model over the words of the tail's lines that tell of a failure
+(numbers, paths and ids masked, single words and word pairs of a line), trained on the tuning set of the
 real-failure corpus (``bench/train_lexical.py``), that says how likely a
 restart gets past the failure. The classifier weighs it only when it is
 confident, and says which words weighed most.
@@ -22,8 +22,8 @@ from typing import Iterable, Mapping, Sequence
 
 from trainwarden.evidence.ranks import strip_prefix
 
-__all__ = ["LexicalModel", "LexicalScore", "Example", "WeightsError", "tokens", "train", "weights_to_text",
-           "parse_weights"]
+__all__ = ["LexicalModel", "LexicalScore", "Example", "WeightsError", "salient", "tokens", "train",
+           "weights_to_text", "parse_weights"]
 
 _MASKS = (
     (re.compile(r"0x[0-9a-fA-F]+"), " "),
@@ -44,10 +44,23 @@ def _words(line: str) -> list[str]:
     return [w[:MAX_WORD] for w in _WORD.findall(text.lower().replace("<path>", "path_"))]
 
 
+# Lines that tell of a failure. Progress lines ("epoch 3 step 200 loss
+# 1.23") fill real tails by the hundred and would outweigh the one line that
+# matters; only these lines are read, in training and in judging.
+_SALIENT = re.compile(
+    r"(?i)error|exception|fail|fatal|kill|abort|time[ds]? ?out|warn|refused|denied|cannot|can't|unable|not found"
+    r"|invalid|signal|segfault|exit|oom|memory|panic|traceback|raise|terminat|lost|closed|reset|unavailable"
+    r"|exceed|no such|missing|mismatch|unsupported|expected|died|crash")
+
+
+def salient(lines: Iterable[str]) -> list[str]:
+    return [line for line in lines if _SALIENT.search(line[:MAX_LINE])]
+
+
 def tokens(lines: Iterable[str]) -> frozenset[str]:
-    """The words of every line and the pairs of neighbouring words in a line."""
+    """The words of every salient line and the pairs of neighbouring words in a line."""
     found: set[str] = set()
-    for line in lines:
+    for line in salient(lines):
         words = _words(line)
         found.update(words)
         found.update(f"{a} {b}" for a, b in zip(words, words[1:]))
