@@ -136,3 +136,10 @@ def test_the_shipped_model_is_what_training_on_the_tuning_set_gives():
     result = subprocess.run([sys.executable, str(root / "bench" / "train_lexical.py"), "--check"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_tail_of_progress_lines_before_the_error_is_judged_as_the_error_alone():
+    model = PACK.lexical
+    error = ["RuntimeError: connection reset by peer while reading the shard from the object store"]
+    progress = [f"epoch 1 step {n} loss 0.{n % 97:02d} lr 3e-4 throughput 812 samples/s" for n in range(400)]
+    assert model.score(progress + error).retryable == model.score(error).retryable
