@@ -77,3 +77,16 @@ def test_a_bad_flag_is_an_error_naming_the_flag_and_the_allowed_values(text, fla
     assert caught.value.flag == flag
     assert words in str(caught.value)
     assert flag.lstrip("-") in str(caught.value)
+
+
+@pytest.mark.parametrize("text, flag", [
+    ("--max-num-of-job-restart=１２", "max-num-of-job-restart"),  # fullwidth digits, which int() reads
+    ("--job-hang-interval=٣٠", "job-hang-interval"),  # Arabic-Indic digits
+    ("--max-tolerated-failure-rate=０.５", "max-tolerated-failure-rate"),
+    ("--max-tolerated-failure-rate=nan", "max-tolerated-failure-rate"),
+    ("--c4d-common-envs=C4D_HANG_TIMEOUT=²", "c4d-common-envs"),  # isdigit() says yes, int() raises
+])
+def test_numbers_are_ascii_digits_only_and_anything_else_is_refused_naming_the_flag(text, flag):
+    with pytest.raises(SettingsError) as caught:
+        parse_args_string(text)
+    assert caught.value.flag == flag

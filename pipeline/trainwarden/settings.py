@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import shlex
 from typing import Callable, Mapping
 
@@ -107,13 +108,17 @@ def _choice(enum_cls: type[enum.Enum]) -> Callable[[str, str], enum.Enum]:
     return parse
 
 
+_ASCII_INT = re.compile(r"^[+-]?[0-9]+$")
+_ASCII_DECIMAL = re.compile(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)$")
+
+
 def _int_range(low: int, high: int, *, allow_minus_one: bool = False) -> Callable[[str, str], int]:
     def parse(flag: str, raw: str) -> int:
         allowed = f"an integer from {low} to {high}" + (" or -1 (off)" if allow_minus_one else "")
-        try:
-            value = int(raw, 10)
-        except ValueError:
-            raise SettingsError(f"--{flag} must be {allowed}, not {raw!r}.", flag) from None
+        # Python's int() also reads other scripts' digits ("１２"); a flag is ASCII.
+        if not _ASCII_INT.match(raw.strip()):
+            raise SettingsError(f"--{flag} must be {allowed}, not {raw!r}.", flag)
+        value = int(raw, 10)
         if allow_minus_one and value == -1:
             return value
         if not low <= value <= high:
@@ -125,10 +130,9 @@ def _int_range(low: int, high: int, *, allow_minus_one: bool = False) -> Callabl
 
 def _failure_rate(flag: str, raw: str) -> float:
     allowed = "a fraction from 0 to 1, or -1 to disable"
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"--{flag} must be {allowed}, not {raw!r}.", flag) from None
+    if not _ASCII_DECIMAL.match(raw.strip()):
+        raise SettingsError(f"--{flag} must be {allowed}, not {raw!r}.", flag)
+    value = float(raw)
     if value == -1:
         return -1.0
     if not 0.0 <= value <= 1.0 or value != value:
@@ -153,7 +157,7 @@ def _c4d_envs(flag: str, raw: str) -> tuple[tuple[str, str], ...]:
 
 def _check_c4d_value(flag: str, key: str, value: str) -> str:
     if key in ("C4D_HANG_TIMEOUT", "C4D_HANG_TIMES", "C4D_CONN_BW_CHECK_PERIOD"):
-        if not value.isdigit() or int(value) <= 0:
+        if not _ASCII_INT.match(value) or int(value) <= 0:
             raise SettingsError(f"--{flag}: {key} must be a positive integer, not {value!r}.", flag)
         return value
     if key == "C4D_RUNTIME_LOG_LEVEL":
