@@ -94,3 +94,17 @@ def test_a_malformed_event_goes_to_the_dead_letter_topic_and_processing_goes_on(
     letters = [json.loads(r.value) for r in bus.consumer([DEAD_LETTERS], None, True).poll(0.1)]
     assert len(letters) == 1 and letters[0]["service"] == "processor" and "missing required field" in letters[0]["error"]
     assert [d.kind for d in _decisions(bus)][-1] is DecisionKind.RESTART_JOB
+
+
+def test_an_event_nested_too_deeply_to_decode_is_dead_lettered_and_the_next_one_is_taken():
+    bus = _bus()
+    producer = _job(bus)
+    processor = Processor(bus, load_rules())
+    _drain(processor)
+    producer.send(EVENTS, "j1", b'{"v":1,"type":"instance_exited","x":' + b"[" * 20000 + b"]" * 20000 + b"}")
+    producer.send(EVENTS, "j1", encode(InstanceExited(job_id="j1", time=T0 + 5, instance="worker-1", round=0,
+                                                      start=0, exit_code=137, tail=())))
+    _drain(processor)
+    letters = [json.loads(r.value) for r in bus.consumer([DEAD_LETTERS], None, True).poll(0.1)]
+    assert len(letters) == 1 and "nested too deeply" in letters[0]["error"], letters
+    assert [d.kind for d in _decisions(bus)][-1] is DecisionKind.RESTART_JOB

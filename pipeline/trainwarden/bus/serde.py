@@ -91,12 +91,18 @@ def decode(kind: str, value: bytes) -> msgspec.Struct:
         version = _header.decode(value).v
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise DecodeError(f"not a JSON object: {_short(exc)}") from None
+    except RecursionError:
+        # msgspec stops cleanly at its recursion limit; a message nested that
+        # deep is nobody's, and must not escape as an error of the consumer.
+        raise DecodeError("nested too deeply to decode") from None
     if version != SCHEMA_VERSION:
         raise DecodeError(f"schema version {version!r}; this Trainwarden reads version {SCHEMA_VERSION}")
     try:
         message = _decoders[kind].decode(value)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise DecodeError(_short(exc)) from None
+    except RecursionError:
+        raise DecodeError("nested too deeply to decode") from None
     return message.decision if isinstance(message, _DecisionEnvelope) else message
 
 
