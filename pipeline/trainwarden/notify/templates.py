@@ -2,7 +2,8 @@
 
 Templates come from git, but they are still code that runs in the notifier:
 the immutable sandbox keeps them from calling methods that change state or
-reach outside the data they are given. Undefined names are errors
+reach outside the data they are given, and bounds what they may compute
+(notify/bounded.py). Undefined names are errors
 (``StrictUndefined``), and every template is rendered at validation time with
 a sample of every event type its subscription can receive, with and without
 details and a suppressed count, so a typo fails ``notify validate`` with its
@@ -18,8 +19,8 @@ from pathlib import Path
 from typing import Optional
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from trainwarden.notify.bounded import BoundedSandbox, range_budget
 from trainwarden.notify.events import NotificationEvent, iso, sample_event
 from trainwarden.yamlsrc import ConfigError
 
@@ -48,7 +49,7 @@ class TemplateSet:
     def __init__(self, search_dirs: list[Path]):
         self.inline = _InlineLoader()
         self.search_dirs = [d for d in search_dirs if d.is_dir()]
-        self.env = ImmutableSandboxedEnvironment(
+        self.env = BoundedSandbox(
             loader=jinja2.ChoiceLoader([self.inline, jinja2.FileSystemLoader([str(d) for d in self.search_dirs])]),
             undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
         self.env.filters["iso"] = iso
@@ -114,8 +115,9 @@ class BodyTemplate:
     def render(self, payload: dict, subscription: str) -> str:
         """The body for one payload. Raises RenderError naming file and line."""
         try:
-            text = self.template.render(event=payload, type=payload["type"], timestamp=payload["timestamp"],
-                                        data=payload["data"], subscription=subscription)
+            with range_budget():
+                text = self.template.render(event=payload, type=payload["type"], timestamp=payload["timestamp"],
+                                            data=payload["data"], subscription=subscription)
         except jinja2.TemplateError as exc:
             path, line = self.owner.runtime_location(exc, self.where)
             raise RenderError(f"{self.what}: {type(exc).__name__}: {exc}", path, line) from None
