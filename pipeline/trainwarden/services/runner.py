@@ -24,6 +24,10 @@ class ServiceRun:
             self.server = self.observer.serve_http(metrics_address)
         self._stopping = threading.Event()
         self._reload = threading.Event()
+        # From now on a SIGHUP never stops the service, even while it starts
+        # (the actuator reads its state topic first); SIGTERM still interrupts
+        # a start at once (main's handler), and run() takes it over.
+        signal.signal(signal.SIGHUP, lambda signum, frame: self._reload.set())
 
     def say(self, level: str, text: str, job_id: str = "") -> None:
         self.log(level, text, job_id)
@@ -32,13 +36,10 @@ class ServiceRun:
         def stop(signum, frame) -> None:
             self._stopping.set()
 
-        def ask_reload(signum, frame) -> None:
-            self._reload.set()
-
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, stop)
-        # Without anything to reload, a SIGHUP is still no reason to stop.
-        signal.signal(signal.SIGHUP, ask_reload if reload is not None else signal.SIG_IGN)
+        if reload is None:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nothing to reload is still no reason to stop
         where = f"; metrics on http://{self.server.address}/metrics" if self.server else ""
         self.say("info", f"running: {label}{where}")
         try:
