@@ -51,3 +51,15 @@ def test_help_shows_examples_that_parse(path, parser):
             build_parser().parse_args(_join_args_value(argv))
         except SystemExit as exc:
             pytest.fail(f"the example {line!r} of '{path}' does not parse (exit {exc.code})")
+
+
+@pytest.mark.parametrize("path,parser", OURS, ids=[path or "trainwarden" for path, _ in OURS])
+def test_descriptions_wrap_to_an_80_column_terminal_and_examples_stay_whole(path, parser, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    text = parser.format_help()
+    head = text.split("\n\n", 1)[1] if "\n\n" in text else ""  # after the usage block
+    description = head.split("\n\n", 1)[0] if not head.startswith(("options:", "positional")) else ""
+    assert all(len(line) <= 80 for line in description.splitlines()), (path, description)
+    shown = text.split("\nexamples:\n", 1)[1].splitlines()
+    for line in (line for line in parser.epilog.split("\n")[1:] if line.startswith("  ")):
+        assert line in shown, (path, line)  # one command a line, as written: it can be copied

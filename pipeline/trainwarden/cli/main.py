@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 from trainwarden.cli.completion import SHELLS, script
 from trainwarden.cli.notify_cmd import add_notify_options
-from trainwarden.cli.output import UsageError, add_output_options, examples, fail
+from trainwarden.cli.output import ExamplesFormatter, UsageError, add_output_options, examples, fail
 from trainwarden.events import ErrorSource
 from trainwarden.settings import SettingsError
 from trainwarden.yamlsrc import ConfigError
@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  trainwarden classify worker-0.log worker-1.log --exit-code 1 --exit-code 1 --explain\n"
                "  trainwarden classify logs/ --json\n\n"
                "A file may start with a '# exit_code: N' line (as in tests/data/failure_corpus).",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=ExamplesFormatter)
     classify.add_argument("files", nargs="+", metavar="FILE",
                           help="a log file, a directory of log files (one per instance), or - for standard input")
     classify.add_argument("--exit-code", type=_exit_code, action="append", default=None,

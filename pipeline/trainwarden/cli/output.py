@@ -19,10 +19,19 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 out_console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
 
 
+class ExamplesFormatter(argparse.HelpFormatter):
+    """Descriptions wrapped to the terminal as usual; the examples epilog as
+    written, one command a line (wrapped, they could not be copied)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 def examples(*lines: str) -> dict:
-    """``add_parser`` keywords for an "examples:" epilog printed as written."""
-    return {"epilog": "examples:\n" + "\n".join(f"  {line}" for line in lines),
-            "formatter_class": argparse.RawDescriptionHelpFormatter}
+    """``add_parser`` keywords for an "examples:" epilog."""
+    return {"epilog": "examples:\n" + "\n".join(f"  {line}" for line in lines), "formatter_class": ExamplesFormatter}
 
 
 def fail(message: str, hint: str = "", code: int = 2) -> int:
