@@ -49,9 +49,6 @@ STAGE_MEANING = {
     "starting": "from started to the first line of every instance",
     "queued": "a spot job waiting for capacity",
 }
-# analytics' job_timeline calls a restart's start-up "queued"; on this page
-# that word is reserved for spot waits.
-_TIMELINE_STAGE = {"queued": "starting"}
 LIMIT = 5000
 
 
@@ -126,7 +123,7 @@ def collect(reader: analytics.Select, job_id: str, now: float | None = None) -> 
         job=job, start=start, end=end,
         rounds=build_rounds(job, end, [r for r in restarts if r["restarted"] == "(job)"], faults, suspects),
         instance_restarts=[r for r in restarts if r["restarted"] != "(job)"],
-        timeline=[{"time": row["time"], "stage": _TIMELINE_STAGE.get(row["stage"], row["stage"])}
+        timeline=[{"time": row["time"], "stage": row["stage"]}
                   for row in analytics.run(reader, "job_timeline", **everything)],
         faults=faults,
         other_records=[f for f in records if f["action"] not in FAULT_ACTIONS],
@@ -190,7 +187,8 @@ def with_spot_waits(goodput: dict, spot: Sequence[dict]) -> dict:
         "detecting_s": goodput.get("detecting_s") or 0.0,
         "stopping_s": goodput.get("stopping_s") or 0.0,
         "restarting_s": goodput.get("restarting_s") or 0.0,
-        "starting_s": goodput.get("queued_s") or 0.0,  # see _TIMELINE_STAGE
+        # goodput's queued_s is a restart's start-up (the column keeps its name for the dashboards' users).
+        "starting_s": goodput.get("queued_s") or 0.0,
         "queued_s": queued,
     }
     out["goodput"] = None if goodput.get("goodput") is None or wall <= 0 else out["running_s"] / wall

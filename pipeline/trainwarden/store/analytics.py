@@ -248,7 +248,7 @@ FROM (
     SELECT tupleElement(step, 1) AS at, tupleElement(step, 2) AS stage
     FROM restart_stages FINAL
     ARRAY JOIN [(detected_at, 'detecting'), (decided_at, 'stopping'), (stopped_at, 'restarting'),
-                (restarted_at, 'queued'), (running_at, 'running')] AS step
+                (restarted_at, 'starting'), (running_at, 'running')] AS step
     WHERE {JOB} AND instance_name = '' AND {_ms('tupleElement(step, 1)')} > 0
 )
 ORDER BY time, stage
