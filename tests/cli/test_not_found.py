@@ -30,7 +30,7 @@ def test_an_empty_directory_is_not_taken_for_a_store(cli, tmp_path):
 def test_an_unknown_job_is_exit_2_like_the_report(cli, store):
     open_writer(store).write([_record("j1", "a", 1_800_000_000.0, "worker-0", "NCCL error 1")])
     for command in (("history",), ("history", "--aggregate"), ("history", "--jobs"), ("history", "--json"),
-                    ("stacks",)):
+                    ("stacks",), ("notify", "log")):
         result = cli(*command, "--job", "nosuch")
         assert result.code == 2, (command, result)
         assert "has no job 'nosuch'" in result.err and result.out == "", (command, result)

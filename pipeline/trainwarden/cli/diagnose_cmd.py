@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.text import Text
 
 from trainwarden.cli.output import examples, fail, out_console, print_json, table
-from trainwarden.cli.stores import job_known, open_existing, store_target
+from trainwarden.cli.stores import job_known, no_such_job, open_existing, store_target
 from trainwarden.diagnose.advice import advise
 from trainwarden.diagnose.report import build_report
 from trainwarden.diagnose.stacks import parse_any, split_concatenated
@@ -98,8 +98,7 @@ def _stored(args: argparse.Namespace) -> int:
     with open_existing(store) as reader:
         rows = reader.select(STACKS_SQL, {"job_id": args.job, "round": args.round})
         if not rows and not job_known(reader, args.job):
-            return fail(f"the history store {store} has no job {args.job!r}",
-                        hint="'trainwarden history --jobs' lists the jobs it has")
+            return no_such_job(store, args.job)
     reports = [dict(row, time=int(row.pop("time_ms")) / 1000, report=json.loads(row.pop("report_json")))
                for row in rows]
     if args.json:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from trainwarden.cli.output import EMPTY, fail, iso, listing
-from trainwarden.cli.stores import job_known, open_existing, store_target
+from trainwarden.cli.stores import job_known, no_such_job, open_existing, store_target
 from trainwarden.cli.tables import Col, time_col
 from trainwarden.store import analytics
 from trainwarden.store.records import FAULT_FIELDS
@@ -23,8 +23,7 @@ def cmd_history(args: argparse.Namespace) -> int:
                     hint="drop them, or leave out --jobs/--stages/--costs/--spot")
     with open_existing(store) as reader:
         if args.job and not job_known(reader, args.job):
-            return fail(f"the history store {store} has no job {args.job!r}",
-                        hint="'trainwarden history --jobs' lists the jobs it has")
+            return no_such_job(store, args.job)
         if args.jobs:
             return _jobs(reader.jobs(job_id=args.job), args)
         if args.stages:

@@ -21,7 +21,7 @@ from trainwarden.cli.output import (
     print_json,
 )
 from trainwarden.cli.tables import Col, time_col
-from trainwarden.cli.stores import open_existing, store_target
+from trainwarden.cli.stores import job_known, no_such_job, open_existing, store_target
 from trainwarden.notify import (
     EVENT_TYPES,
     default_directory,
@@ -217,6 +217,8 @@ def _log(args: argparse.Namespace) -> int:
         where = _store_dir(args)
         with open_existing(where) as reader:
             rows = deliveries(reader, job_id=args.job, limit=args.limit)
+            if args.job and not rows and not job_known(reader, args.job):
+                return no_such_job(where, args.job)
     title = f"deliveries{' of ' + args.job if args.job else ''} ({where})"
     return listing(args, title, [time_col("time"), Col("job"), Col("event", drop=2), Col("subscription"),
                                  Col("status"), Col("attempts"), Col("http", drop=3), Col("latency ms", drop=1),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from trainwarden.cli.output import fail
 from trainwarden.store import HistoryReader, default_store_dir, open_reader
 
 
@@ -25,3 +26,9 @@ def open_existing(target: str) -> HistoryReader:
 def job_known(reader: HistoryReader, job: str) -> bool:
     """The store has the job's record or a fault record of it."""
     return bool(reader.jobs(job_id=job) or reader.faults(job_id=job, limit=1))
+
+
+def no_such_job(store: str, job: str) -> int:
+    """Exit 2, as for any name that is not there."""
+    return fail(f"the history store {store} has no job {job!r}",
+                hint="'trainwarden history --jobs' lists the jobs it has")
