@@ -248,13 +248,14 @@ def test_every_service_stops_within_5_s_of_sigterm_the_notifier_with_a_held_mess
     hook = receiver()
     services = ServiceProcesses(bootstrap, tmp_path, metrics=True)
     try:
-        directory = _notifications(tmp_path, hook.url, rate=20)
+        # A window long enough for the SIGHUP and SIGTERM below on a loaded machine: the message must still be held.
+        directory = _notifications(tmp_path, hook.url, rate=60)
         _start_notifier(services, directory)
         wait_for(lambda: _all_ready(services), 60, "every service ready")
-        # Two restarts inside the 20 s window: the second job.restarted is held until it ends.
+        # Two restarts inside the window: the second job.restarted is held until it ends.
         proc = services.submit("--job-id", job_id, "--nproc", "2", "--args",
                                "--enable-job-restart=True --max-num-of-job-restart=5",
-                               "--", *behave("--steps", "400", "--step-s", "0.05", "--fail-rank", "1",
+                               "--", *behave("--steps", "3000", "--step-s", "0.05", "--fail-rank", "1",
                                              "--fail-rounds", "0,1", "--fail-at-step", "2", "--fail-message",
                                              "RuntimeError: NCCL error: unhandled system error"))
         queue = services.tmp / "notify-queue"
@@ -298,7 +299,7 @@ def test_every_service_stops_within_5_s_of_sigterm_the_notifier_with_a_held_mess
         # Nothing accepted is lost: the held message is still on disk, and the next notifier sends it.
         assert [e["delivery_id"] for e in _held(queue)] == [e["delivery_id"] for e in held]
         _start_notifier(services, directory)
-        wait_for(lambda: any(r.webhook_id == held[0]["event_id"] for r in hook.requests), 60,
+        wait_for(lambda: any(r.webhook_id == held[0]["event_id"] for r in hook.requests), 120,
                  "the held job.restarted delivered by the next notifier")
     finally:
         services.stop()
