@@ -10,8 +10,8 @@ markup, no escapes of the terminal's, nothing cut. Events:
 - ``instance_started``: instance, round, start, node, pid
 - ``line``: instance, round, start, stream, text (not with --quiet)
 - ``instance_exited``: instance, round, start, exit_code
-- ``decision``: kind, reason, rule, round, instance, node, error_source, error_code, error_message,
-  category, classifier, verdict, consequences, action_id, cost (spot jobs)
+- ``decision``: the decision's fields as on the bus (docs/MESSAGES.md), as ``submit --follow -o json``
+  prints them
 - ``info``: text (what the console would say: stack reports, interruptions, warnings)
 - ``job_finished``: job_id, status, reason, restarts, exit_code, dead_letters, counters
 """
@@ -22,10 +22,9 @@ import json
 import sys
 from typing import IO, Optional
 
-import msgspec
-
 from trainwarden.events import Decision, InstanceExited, InstanceStarted, LogLine
 from trainwarden.runtime.clock import now as clock_now
+from trainwarden.services.follow import decision_event, line_event
 
 
 class JsonReporter:
@@ -36,18 +35,19 @@ class JsonReporter:
         self.closed = False
 
     def emit(self, event: str, time: Optional[float] = None, **fields: object) -> None:
+        self._write({"event": event, "time": clock_now() if time is None else time, **fields})
+
+    def _write(self, event: dict) -> None:
         if self.closed:
             return
         try:
-            self.stream.write(json.dumps({"event": event, "time": clock_now() if time is None else time, **fields},
-                                         ensure_ascii=False) + "\n")
+            self.stream.write(json.dumps(event, ensure_ascii=False) + "\n")
         except (BrokenPipeError, ValueError, OSError):
             self.closed = True  # the reader went away; the job goes on
 
     def line(self, event: LogLine) -> None:
         if not self.quiet_output:
-            self.emit("line", event.time, job_id=event.job_id, instance=event.instance, round=event.round,
-                      start=event.start, stream=event.stream.value, text=event.text)
+            self._write(line_event(event))
 
     def lifecycle(self, event: InstanceStarted | InstanceExited) -> None:
         common = dict(job_id=event.job_id, instance=event.instance, round=event.round, start=event.start)
@@ -60,12 +60,7 @@ class JsonReporter:
             self.emit("instance_exited", event.time, **common, exit_code=event.exit_code)
 
     def decision(self, d: Decision) -> None:
-        self.emit("decision", d.time, job_id=d.job_id, kind=d.kind.value, reason=d.reason.value, rule=d.rule,
-                  round=d.round, instance=d.instance, node=d.node,
-                  error_source=d.error_source.value if d.error_source else None, error_code=d.error_code,
-                  error_message=d.error_message, category=d.category, classifier=d.classifier, verdict=d.verdict,
-                  consequences=list(d.consequences), action_id=d.action_id,
-                  cost=msgspec.to_builtins(d.cost) if d.cost is not None else None)
+        self._write(decision_event(d))
         self.flush()
 
     def info(self, text: str) -> None:
