@@ -28,16 +28,23 @@ def _diagnoses(store, job_id):
 
 def _run_with_channel(store, job_id, c4d_log, lines, *behave, extra=(), extra_env=None):
     env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT / "pipeline"), **(extra_env or {}))
-    proc = subprocess.Popen([*TRAINWARDEN, "run", "--job-id", job_id, "--nproc", "2", "--args", ARGS,
-                             "--c4d-log", str(c4d_log), "--stop-grace", "1", *extra, "--", sys.executable, BEHAVE,
-                             *behave],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.0)
-    with open(c4d_log, "a") as handle:
-        for line in lines:
-            handle.write(line + "\n")
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
+    output = c4d_log.with_name(c4d_log.name + ".run-out")
+    with open(output, "w") as out_file:
+        proc = subprocess.Popen([*TRAINWARDEN, "run", "--job-id", job_id, "--nproc", "2", "--args", ARGS,
+                                 "--c4d-log", str(c4d_log), "--stop-grace", "1", *extra, "--", sys.executable,
+                                 BEHAVE, *behave],
+                                env=env, cwd=ROOT, stdout=out_file, stderr=subprocess.PIPE, text=True)
+        # The run follows the channel from its end, from before its instances
+        # start: the lines go in once an instance has printed (a fixed sleep
+        # lost them when the run started slowly on a loaded machine).
+        deadline = time.monotonic() + 60
+        while "[worker-" not in output.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        with open(c4d_log, "a") as handle:
+            for line in lines:
+                handle.write(line + "\n")
+        _, err = proc.communicate(timeout=120)
+    return proc.returncode, output.read_text(), err
 
 
 def test_a_c4d_error_from_the_channel_isolates_the_node_and_restarts_the_job(store, job_id, tmp_path, history):
