@@ -310,10 +310,18 @@ def test_vector_keeps_its_checkpoints_and_buffer_on_the_host_and_loads_the_vecto
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
 
 
-def test_no_trainwarden_container_has_a_probe_without_a_health_command_to_call():
+def test_every_service_container_is_probed_on_its_health_and_readiness_endpoints():
+    probed = []
     for label, _, container in _trainwarden_containers():
-        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-            assert probe not in container, f"{label}: trainwarden has no health endpoint or command yet"
+        if not {"agent", "processor", "actuator", "notifier"} & set(_argv(container)[:2]):
+            continue  # one-shot jobs (kafka init) have no endpoint
+        ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+        assert "metrics" in ports, f"{label}: no metrics port"
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}, label
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}, label
+        assert container["startupProbe"]["httpGet"]["path"] == "/healthz", label
+        probed.append(label)
+    assert len(probed) >= 3, probed  # agent, processor, actuator
 
 
 # ---------------------------------------------------- generated ConfigMaps
