@@ -88,19 +88,20 @@ def test_zsh_completes_subcommands_with_their_help_on_a_real_terminal(cli, tmp_p
     home.mkdir()
     (home / ".zshrc").write_text(f"autoload -U compinit && compinit -u\nsource '{script}'\nPS1='> '\n")
     session = f"twz-{uuid.uuid4().hex[:8]}"
+    server = ["tmux", "-S", str(tmp_path / "tmux.sock")]  # a server of its own: no race with another's exiting
     env = f"env -i HOME={home} ZDOTDIR={home} TERM=xterm PATH=/usr/bin:/bin zsh"  # completing runs nothing
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "30", env], check=True)
+    subprocess.run([*server, "new-session", "-d", "-s", session, "-x", "150", "-y", "30", env], check=True)
     try:
         screen = ""
         for keys in (["trainwarden rul", "Tab"], ["Tab"]):
-            subprocess.run(["tmux", "send-keys", "-t", session, *keys], check=True)
+            subprocess.run([*server, "send-keys", "-t", session, *keys], check=True)
             time.sleep(0.5)
         deadline = time.time() + 20
         while time.time() < deadline and "validate  --" not in screen:
             time.sleep(0.3)
-            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
+            screen = subprocess.run([*server, "capture-pane", "-p", "-t", session], capture_output=True,
                                     text=True).stdout
         assert "> trainwarden rules" in screen, screen
         assert "validate  -- load rule files strictly" in screen and "test      -- run rule unit tests" in screen
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        subprocess.run([*server, "kill-server"], capture_output=True)

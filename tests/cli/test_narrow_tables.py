@@ -18,11 +18,28 @@ TMUX = shutil.which("tmux") or "/usr/bin/tmux"
 pytestmark = pytest.mark.skipif(not os.path.exists(TMUX), reason="tmux is not installed")
 
 
+# A server of our own, kept up by an idle session: when the last session of a
+# server ends the server exits, and a session started meanwhile fails ("server
+# exited unexpectedly").
+SOCKET: list[str] = []  # the server's socket, in the module's temporary directory
+
+
+def tmux(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([TMUX, "-S", SOCKET[0], *args], **kwargs)
+
+
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory):
     store = tmp_path_factory.mktemp("narrow") / "store"
     seed(open_writer(store))
-    return store
+    SOCKET[:] = [str(store.parent / "tmux.sock")]
+    tmux("new-session", "-d", "-s", "keeper", "sleep 3600", check=True, env=_clean_env())
+    yield store
+    tmux("kill-server", capture_output=True)
+
+
+def _clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("TMUX", "COLUMNS", "LINES")}
 
 
 def on_terminal(store, *args: str, columns: int = 80) -> list[str]:
@@ -32,17 +49,16 @@ def on_terminal(store, *args: str, columns: int = 80) -> list[str]:
     command = " ".join(shlex.quote(a) for a in [*TRAINWARDEN, *args])
     script = (f"cd {shlex.quote(str(ROOT))} && PYTHONPATH={shlex.quote(str(ROOT / 'pipeline'))} "
               f"TRAINWARDEN_STORE={shlex.quote(str(store))} {command}; touch {shlex.quote(str(done))}; sleep 60")
-    subprocess.run([TMUX, "new-session", "-d", "-s", session, "-x", str(columns), "-y", "24", "bash", "-c", script],
-                   check=True, env={k: v for k, v in os.environ.items() if k not in ("TMUX", "COLUMNS", "LINES")})
+    tmux("new-session", "-d", "-s", session, "-x", str(columns), "-y", "24", "bash", "-c", script, check=True,
+         env=_clean_env())
     try:
         deadline = time.time() + 60
         while not done.exists():
             assert time.time() < deadline, "the command did not finish in 60 s"
             time.sleep(0.2)
-        screen = subprocess.run([TMUX, "capture-pane", "-p", "-t", session], check=True, capture_output=True,
-                                text=True).stdout
+        screen = tmux("capture-pane", "-p", "-t", session, check=True, capture_output=True, text=True).stdout
     finally:
-        subprocess.run([TMUX, "kill-session", "-t", session], capture_output=True)
+        tmux("kill-session", "-t", session, capture_output=True)
     return [line for line in screen.splitlines() if line.strip()]
 
 
