@@ -30,8 +30,6 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 from urllib.parse import urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, Info, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # A loop iteration takes well under a second; one that has not ended for this
 # long is stuck (a liveness probe should restart the service).
@@ -72,6 +70,20 @@ def version() -> str:
         return "unknown"
 
 
+def _prom():
+    # Imported on first use: `pip install trainwarden` (run and the SDK) has
+    # no prometheus_client; the services come with the [kafka] extra, which has.
+    try:
+        import prometheus_client
+        import prometheus_client.core
+    except ImportError:
+        from trainwarden.bus import BusError
+
+        raise BusError("the services' metrics need prometheus_client, which is not installed.",
+                       hint="pip install 'trainwarden[kafka]'") from None
+    return prometheus_client
+
+
 class Observer:
     """Metrics, health and readiness of one service (``component``)."""
 
@@ -79,17 +91,18 @@ class Observer:
         self.component = component
         self.clock = clock
         self.stale_after_s = stale_after_s
-        self.registry = CollectorRegistry()
-        Info("trainwarden_build", "The Trainwarden version this service runs.",
+        prom = _prom()
+        self.registry = prom.CollectorRegistry()
+        prom.Info("trainwarden_build", "The Trainwarden version this service runs.",
              registry=self.registry).info({"version": version(), "component": component})
-        self.iterations = Counter("trainwarden_loop_iterations", "Iterations of the service loop.",
+        self.iterations = prom.Counter("trainwarden_loop_iterations", "Iterations of the service loop.",
                                   registry=self.registry)
         self.lags: dict[str, "LagTracker"] = {}
         self._counters: Optional[Callable[[], object]] = None
         self._gauges: list[tuple[str, str, Callable[[], float]]] = []
         self._families: list[tuple[str, str, str, Callable[[], Mapping[str, float]]]] = []
         self._checks: list[Callable[[], str]] = []
-        self._histograms: dict[str, Histogram] = {}
+        self._histograms: dict[str, "prometheus_client.Histogram"] = {}
         self.last_run: Optional[float] = None
         self.bus_error = ""
         self.registry.register(_ServiceCollector(self))
@@ -111,9 +124,9 @@ class Observer:
         """``check()`` returns "" when fine, else one sentence why not."""
         self._checks.append(check)
 
-    def histogram(self, name: str, documentation: str) -> Histogram:
+    def histogram(self, name: str, documentation: str) -> "prometheus_client.Histogram":
         if name not in self._histograms:
-            self._histograms[name] = Histogram(f"trainwarden_{name}", documentation, buckets=LATENCY_BUCKETS,
+            self._histograms[name] = _prom().Histogram(f"trainwarden_{name}", documentation, buckets=LATENCY_BUCKETS,
                                                registry=self.registry)
         return self._histograms[name]
 
@@ -165,6 +178,8 @@ class _ServiceCollector:
         self.observer = observer
 
     def collect(self) -> Iterable:
+        core = _prom().core
+        CounterMetricFamily, GaugeMetricFamily = core.CounterMetricFamily, core.GaugeMetricFamily  # noqa: N806
         o = self.observer
         if o._counters is not None:
             for name, value in dataclasses.asdict(o._counters()).items():
@@ -216,7 +231,8 @@ def _handler(observer: Observer):
         def do_GET(self) -> None:  # noqa: N802 - the http.server protocol
             path = urlsplit(self.path).path
             if path == "/metrics":
-                self._answer(200, generate_latest(observer.registry), CONTENT_TYPE_LATEST)
+                prom = _prom()
+                self._answer(200, prom.generate_latest(observer.registry), prom.CONTENT_TYPE_LATEST)
             elif path in ("/healthz", "/readyz"):
                 status, text = observer.health() if path == "/healthz" else observer.readiness()
                 self._answer(status, (text + "\n").encode(), "text/plain; charset=utf-8")
@@ -362,7 +378,7 @@ class ObservedDeliveries:
     """A delivery-log writer that also times each delivery, from the event to
     the receiver's answer, into the delivery latency histogram."""
 
-    def __init__(self, writer, histogram: Histogram):
+    def __init__(self, writer, histogram: "prometheus_client.Histogram"):
         self._writer = writer
         self._histogram = histogram
 
