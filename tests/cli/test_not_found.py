@@ -10,7 +10,8 @@ from tests.test_cli import _record
 
 
 @pytest.mark.parametrize("command", [("history",), ("history", "--jobs"), ("stacks", "--job", "j1"),
-                                     ("notify", "log"), ("store", "optimize")])
+                                     ("notify", "log"), ("store", "optimize"),
+                                     ("report", "--job", "j1", "-o", "-")])
 def test_a_read_of_a_store_that_does_not_exist_fails_and_creates_nothing(cli, tmp_path, command):
     missing = tmp_path / "no" / "such" / "dir"
     result = cli(*command, "--store", str(missing))

@@ -208,6 +208,7 @@ def _choice(*allowed: str):
             raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(allowed)}")
         return text
 
+    check.choices = allowed  # for shell completion
     return check
 
 

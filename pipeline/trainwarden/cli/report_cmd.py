@@ -7,9 +7,10 @@ import argparse
 import os
 from pathlib import Path
 
-from trainwarden.cli.output import fail, out_console
+from trainwarden.cli.output import examples, fail, out_console
+from trainwarden.cli.stores import open_existing
 from trainwarden.report import NoSuchJob, collect, render
-from trainwarden.store import default_store_dir, open_reader
+from trainwarden.store import default_store_dir
 
 COMMANDS = frozenset({"report"})
 TAKES_COMMAND: frozenset = frozenset()
@@ -17,7 +18,9 @@ TAKES_COMMAND: frozenset = frozenset()
 
 def add_commands(sub) -> None:
     report = sub.add_parser("report", help="one job's history as a self-contained HTML page",
-                            description="trainwarden report --job ID -o report.html")
+                            description="trainwarden report --job ID -o report.html",
+                            **examples("trainwarden report --job resnet-42 -o report.html",
+                                       "trainwarden report --job resnet-42 -o - > report.html"))
     report.add_argument("--job", required=True, help="the job to report on")
     report.add_argument("-o", "--output", required=True, help="the HTML file to write ('-' for standard output)")
     report.add_argument("--store", help="history store directory or ClickHouse URL (default: $TRAINWARDEN_STORE "
@@ -27,7 +30,8 @@ def add_commands(sub) -> None:
 def dispatch(args: argparse.Namespace, command: list[str]) -> int:
     store = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
     try:
-        with open_reader(store) as reader:
+        # A read never makes a store: a directory no run wrote is exit 2.
+        with open_existing(store) as reader:
             page = render(collect(reader, args.job))
     except NoSuchJob:
         return fail(f"the history store {store} has no job {args.job!r}",

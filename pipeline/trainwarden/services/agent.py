@@ -40,6 +40,7 @@ from trainwarden.runtime.clock import now as clock_now
 from trainwarden.runtime.control import ControlServer, Incarnation, PendingReply
 from trainwarden.runtime.environment import instance_env, sdk_import_dir
 from trainwarden.runtime.inbox import Inbox
+from trainwarden.runtime.launcher import log_file
 from trainwarden.runtime.local import LocalRuntime
 from trainwarden.runtime.slurm.adopt import SlurmTasks
 
@@ -410,9 +411,9 @@ class Agent:
     def _write_file(self, running: _Running, line: LogLine) -> None:
         handle = running.files.get(line.stream)
         if handle is None:
-            directory = self.log_dir / running.job_id / running.instance
-            directory.mkdir(parents=True, exist_ok=True)
-            path = directory / f"r{running.round}-s{running.start}.{line.stream.value}.log"
+            path = log_file(self.log_dir, running.job_id, running.instance, running.round, running.start,
+                            line.stream.value)
+            path.parent.mkdir(parents=True, exist_ok=True)
             handle = running.files[line.stream] = open(path, "a", encoding="utf-8", errors="replace")
         handle.write(line.text + "\n")
 
