@@ -302,8 +302,8 @@ def weigh_words(pack: RulePack, verdict: Verdict, tail: Sequence[str]) -> Verdic
     model = pack.lexical
     if model is None or verdict.kind not in _WEAK_KINDS:
         return verdict
-    # Where the failure is told (the last traceback on, or the last lines):
-    # hundreds of progress lines before it would otherwise outweigh it.
+    # Where the failure is told (the last traceback on, or the last lines),
+    # as for the patterns: an old warning must not outweigh the final error.
     score = model.score(final_region(list(tail)[-pack.tail_lines:]))
     said = Retryability.RETRYABLE if score.retryable >= 0.5 else Retryability.NOT_RETRYABLE
     words = ", ".join(f"{token} {weight:+.2f}" for token, weight in score.weighed)

@@ -23,6 +23,7 @@ from trainwarden.bus.messages import Heartbeat, NodeState
 from trainwarden.bus.serde import DecodeError, decode, encode
 from trainwarden.cli.notify_cmd import add_notify_options, notify_options
 from trainwarden.cli.output import ConsoleReporter, add_output_options, err_console, examples, fail, iso, listing
+from trainwarden.cli.stores import store_target
 from trainwarden.events import DecisionKind
 from trainwarden.jobspec import from_command, load_job_file
 from trainwarden.rules.loader import load_rules
@@ -302,7 +303,7 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
     else:
         from trainwarden.services.actuator_service import ActuatorService
 
-        store = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+        store = store_target(args)
         slurm = None
         if args.slurm_dir:
             from trainwarden.runtime.slurm.cli import SlurmCli
@@ -345,7 +346,7 @@ def _notifier(args: argparse.Namespace, bus, run: ServiceRun) -> int:
     # A stopping notifier sends only what is due at once: the rest (a held
     # rate-limited message, a retry in backoff) stays queued for its successor.
     options = dataclasses.replace(notify_options(args), drain_s=STOP_DRAIN_S)
-    store = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+    store = store_target(args)
     observer = run.observer
     writer = ObservedDeliveries(open_writer(store), observer.histogram(
         "delivery_latency_seconds", "Seconds from an event to its delivery's accepted answer (rate-limit holds "

@@ -4,13 +4,11 @@ self-contained HTML page (pipeline/trainwarden/report.py)."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from trainwarden.cli.output import examples, fail, out_console
-from trainwarden.cli.stores import open_existing
+from trainwarden.cli.stores import open_existing, store_target
 from trainwarden.report import NoSuchJob, collect, render
-from trainwarden.store import default_store_dir
 
 COMMANDS = frozenset({"report"})
 TAKES_COMMAND: frozenset = frozenset()
@@ -28,7 +26,7 @@ def add_commands(sub) -> None:
 
 
 def dispatch(args: argparse.Namespace, command: list[str]) -> int:
-    store = args.store or os.environ.get("TRAINWARDEN_STORE") or str(default_store_dir())
+    store = store_target(args)
     try:
         # A read never makes a store: a directory no run wrote is exit 2.
         with open_existing(store) as reader:
