@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -129,7 +130,31 @@ class ServiceProcesses:
                 proc.wait(10)
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A free port below the kernel's ephemeral range: a service restarted on its
+    old port (a test scrapes the same address) must not find it taken by some
+    process's outgoing connection, which an ephemeral port can be (CI saw a
+    restarted notifier never deliver)."""
+    low, _ = _ephemeral_range()
+    taken = {9092, 19092, 29092}  # the brokers the tests and CI start
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        if port in taken or (17000 <= port < 17100):  # the local Slurm's ports
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
