@@ -108,3 +108,23 @@ def test_an_event_nested_too_deeply_to_decode_is_dead_lettered_and_the_next_one_
     letters = [json.loads(r.value) for r in bus.consumer([DEAD_LETTERS], None, True).poll(0.1)]
     assert len(letters) == 1 and "nested too deeply" in letters[0]["error"], letters
     assert [d.kind for d in _decisions(bus)][-1] is DecisionKind.RESTART_JOB
+
+
+def test_a_successor_replaying_a_partition_with_poison_records_skips_and_counts_them_and_finishes_the_job():
+    bus = _bus()
+    producer = _job(bus)
+    first = Processor(bus, load_rules())
+    _drain(first)
+    producer.send(EVENTS, "j1", b"not json at all")
+    producer.send(EVENTS, "j1", b'{"v":1,"type":"instance_exited","x":' + b"[" * 20000 + b"]" * 20000 + b"}")
+    _drain(first)
+    first.close()
+    second = Processor(bus, load_rules())
+    _drain(second)
+    assert second.counters.replay_skipped == 2
+    assert len(bus.consumer([DEAD_LETTERS], None, True).poll(0.1)) == 2  # dead-lettered once, by the first
+    for name in ("worker-0", "worker-1"):
+        producer.send(EVENTS, "j1", encode(InstanceExited(job_id="j1", time=T0 + 9, instance=name, round=0,
+                                                          start=0, exit_code=0, tail=())))
+    _drain(second)
+    assert second.jobs["j1"].finished

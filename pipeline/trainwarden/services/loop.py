@@ -38,13 +38,15 @@ def serve(service: Service, stopping: Callable[[], bool], say: Callable[[str, st
     ``reload_requested()`` says so. Closes the service at the end."""
     next_health = time.monotonic() + health_every_s
     bus_down = ""
-    errors = 0
+    errors = 0  # in the service's life, for the log
+    failing = 0  # in a row, for the pause
     try:
         while not stopping():
             if reload is not None and reload_requested():
                 reload()
             try:
                 service.run_once()
+                failing = 0
                 if bus_down:
                     say("info", "the bus is back")
                     bus_down = ""
@@ -55,10 +57,13 @@ def serve(service: Service, stopping: Callable[[], bool], say: Callable[[str, st
                 _pause(1.0, stopping)
             except Exception as exc:  # noqa: BLE001 - a service must outlive one bad iteration
                 errors += 1
+                failing += 1
                 say("error", f"internal error {exc!r} (error {errors}; continuing)")
                 if os.environ.get("TRAINWARDEN_DEBUG"):
                     raise
-                _pause(min(30.0, 0.5 * errors), stopping)
+                # The pause grows only while iterations keep failing: errors
+                # spread over a long life must not add up to a 30 s stall.
+                _pause(min(30.0, 0.5 * failing), stopping)
             if observer is not None:
                 observer.loop_ran(bus_down)
             if time.monotonic() >= next_health:

@@ -44,6 +44,7 @@ class ProcessorCounters:
     republished: int = 0
     unknown_job: int = 0
     duplicate_submissions: int = 0
+    replay_skipped: int = 0  # undecodable records a replay stepped over (dead-lettered when first met)
 
 
 @dataclasses.dataclass
@@ -134,8 +135,10 @@ class Processor:
         try:
             return decode(kind, record.value)
         except DecodeError as exc:
-            if report:  # a replay meets messages that were dead-lettered the first time
+            if report:
                 self._dead_letter(record, str(exc))
+            else:  # a replay meets messages that were dead-lettered the first time
+                self.counters.replay_skipped += 1
             return None
 
     def _event(self, record: Message, live: bool) -> list[Decision]:
@@ -222,7 +225,10 @@ class Processor:
         recorded: dict[str, Decision] = {}
         timer_decisions: dict[int, list[Decision]] = collections.defaultdict(list)
         for record in records:
-            message = self._decode(record, EVENTS, report=False)
+            try:
+                message = decode(EVENTS, record.value)
+            except DecodeError:
+                continue  # counted by the pass below
             if isinstance(message, DecisionRecord):
                 recorded[message.decision.action_id] = message.decision
                 timer_decisions[message.after_offset].append(message.decision)
