@@ -13,6 +13,7 @@ import dataclasses
 import errno
 import os
 import re
+import secrets
 import selectors
 import shutil
 import signal
@@ -25,6 +26,7 @@ from typing import Callable, Optional, Sequence
 
 from trainwarden.events import Event, InstanceExited, InstanceStarted, LogLine, Stream
 from trainwarden.runtime.clock import now
+from trainwarden.runtime.keeper import MARK_VARIABLE, Keeper, carries, environment_mark
 
 MAX_LINE_BYTES = 16 * 1024
 POLL_S = 0.05
@@ -52,7 +54,7 @@ class _Proc:
     round: int
     start: int
     pipes: list
-    token: str = ""  # TRAINWARDEN_TOKEN of this incarnation: finds descendants that left the group
+    mark: str = ""  # MARK_VARIABLE of this incarnation: finds descendants that left the group
     registered: bool = False  # its pipes are in the selector: only then may it be reaped
     stopping: bool = False
     gone: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -87,6 +89,12 @@ class LocalRuntime:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._to_register: list[_Proc] = []
         self._closed = False
+        # Every instance's environment carries "<this runtime>-<n>": the
+        # keeper finds whatever the runtime started by it, its stops and
+        # reaps what one incarnation started.
+        self._mark = secrets.token_hex(8)
+        self._starts = 0
+        self._keeper = Keeper(self._mark)
         self._thread = threading.Thread(target=self._io_loop, name="runtime-io", daemon=True)
         self._thread.start()
 
@@ -94,6 +102,9 @@ class LocalRuntime:
 
     def start(self, name: str, command: Sequence[str], env: dict, cwd: Optional[str],
               round_: int, start: int) -> int:
+        self._starts += 1
+        mark = f"{self._mark}-{self._starts}"
+        env = {**env, MARK_VARIABLE: mark}
         try:
             argv = _with_parent_death_signal(_resolve(command, env, cwd))
             popen = subprocess.Popen(
@@ -103,13 +114,14 @@ class LocalRuntime:
         except OSError as exc:
             self._could_not_start(name, command, exc, round_, start)
             return 0
+        self._keeper.watch(popen.pid)  # its own session: pid = process group = session id
         pipes = []
         for stream, handle in ((Stream.STDOUT, popen.stdout), (Stream.STDERR, popen.stderr)):
             fd = os.dup(handle.fileno())
             handle.close()
             os.set_blocking(fd, False)
             pipes.append(_Pipe(name, stream, fd))
-        proc = _Proc(name, popen, round_, start, pipes, token=env.get("TRAINWARDEN_TOKEN", ""))
+        proc = _Proc(name, popen, round_, start, pipes, mark=mark)
         # Started is sent before the I/O thread can see the process, so no
         # line or exit of it can overtake it.
         self._sink(InstanceStarted(job_id=self.job_id, time=now(), instance=name, round=round_,
@@ -167,7 +179,7 @@ class LocalRuntime:
                 _signal_group(proc.popen.pid, signal.SIGKILL)
         for proc in procs:
             proc.gone.wait(10.0)
-            self.counters.escaped_processes_killed += kill_incarnation(proc.token)
+            self.counters.escaped_processes_killed += kill_incarnation(proc.mark)
 
     def kill(self, names: Sequence[str]) -> None:
         """SIGKILL the instances now (no grace) and return once they are gone."""
@@ -178,7 +190,7 @@ class LocalRuntime:
             _signal_group(proc.popen.pid, signal.SIGKILL)
         for proc in procs:
             proc.gone.wait(10.0)
-            self.counters.escaped_processes_killed += kill_incarnation(proc.token)
+            self.counters.escaped_processes_killed += kill_incarnation(proc.mark)
 
     def kill_all(self) -> None:
         """SIGKILL every instance now, without waiting (a second interrupt)."""
@@ -187,13 +199,14 @@ class LocalRuntime:
         for proc in procs:
             proc.stopping = True
             _signal_group(proc.popen.pid, signal.SIGKILL)
-            kill_incarnation(proc.token)
+            kill_incarnation(proc.mark)
 
     def stop_all(self, grace_s: float) -> None:
         self.stop(self.running(), grace_s)
 
     def close(self, grace_s: float = 5.0) -> None:
         self.stop_all(grace_s)
+        self._keeper.close()
         self._closed = True
         os.write(self._wake_w, b"x")
         self._thread.join(5.0)
@@ -322,7 +335,8 @@ class LocalRuntime:
             # Children left behind by a dead instance are orphans: end them,
             # including those that started a session of their own.
             _signal_group(proc.popen.pid, signal.SIGKILL)
-            self.counters.escaped_processes_killed += kill_incarnation(proc.token)
+            self.counters.escaped_processes_killed += kill_incarnation(proc.mark)
+            self._keeper.forget(proc.popen.pid)
             exit_code = 128 - code if code < 0 else code
             self._sink(InstanceExited(job_id=self.job_id, time=now(), instance=proc.name,
                                       round=proc.round, start=proc.start, exit_code=exit_code))
@@ -362,18 +376,18 @@ def _with_parent_death_signal(argv: list[str]) -> list[str]:
     return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
 
 
-def kill_incarnation(token: str) -> int:
-    """SIGKILL every process still carrying this incarnation's token in its
+def kill_incarnation(mark: str) -> int:
+    """SIGKILL every process still carrying this incarnation's mark in its
     environment: descendants that left the process group (setsid, daemons)."""
-    if not token:
+    if not mark:
         return 0
-    marker = f"TRAINWARDEN_TOKEN={token}".encode() + b"\0"
+    marker = environment_mark(mark) + b"\0"
     killed = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if marker in (entry / "environ").read_bytes():
+            if carries((entry / "environ").read_bytes(), marker):
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed += 1
         except (OSError, ValueError):
