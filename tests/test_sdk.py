@@ -1,9 +1,10 @@
-"""The SDK against a real control server on loopback, and without any engine."""
+"""The SDK against a real control server (a Unix socket bound to process
+trees), and without any engine."""
 
-import importlib
+import os
 import socket
+import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -21,7 +22,9 @@ class Engine:
         self.messages = []
         self.refused = []
         self.server = ControlServer(deliver=self._take, on_refused=lambda r, raw: self.refused.append(r))
+        # This test process plays the instance: its calls are worker-0's.
         self.token = self.server.issue_token(Incarnation("job-1", "worker-0", 0, 0))
+        self.server.bind(self.token, os.getpid())
 
     def _take(self, pending):
         self.messages.append(pending.message)
@@ -31,8 +34,7 @@ class Engine:
 @pytest.fixture
 def engine(monkeypatch):
     e = Engine()
-    monkeypatch.setenv("TRAINWARDEN_CONTROL", e.server.address)
-    monkeypatch.setenv("TRAINWARDEN_TOKEN", e.token)
+    monkeypatch.setenv("TRAINWARDEN_SDK_SOCKET", e.server.address)
     monkeypatch.setattr(jm, "_default_monitor", None)
     monkeypatch.setattr(jm, "_current_interval", None)
     yield e
@@ -40,6 +42,7 @@ def engine(monkeypatch):
 
 
 def test_without_an_engine_every_call_returns_a_failed_status_at_once(monkeypatch):
+    monkeypatch.delenv("TRAINWARDEN_SDK_SOCKET", raising=False)
     monkeypatch.delenv("TRAINWARDEN_CONTROL", raising=False)
     started = time.time()
     monitor = jm.Monitor(config=jm.PyTorchConfig())
@@ -49,12 +52,8 @@ def test_without_an_engine_every_call_returns_a_failed_status_at_once(monkeypatc
     assert time.time() - started < 0.5
 
 
-def test_an_unreachable_engine_gives_a_failed_status_without_raising(monkeypatch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("TRAINWARDEN_CONTROL", f"127.0.0.1:{port}")
-    monkeypatch.setenv("TRAINWARDEN_TOKEN", "t")
+def test_an_unreachable_engine_gives_a_failed_status_without_raising(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRAINWARDEN_SDK_SOCKET", str(tmp_path / "nobody-listens.sock"))
     st = jm.Monitor().send_custom_message(content="x")
     assert not st.ok() and "did not answer" in st.to_string()
 
@@ -99,19 +98,54 @@ def test_config_parameters_are_applied_when_the_monitor_is_made(engine):
     assert engine.messages[0].interval == 1800
 
 
-def test_a_request_with_an_unknown_token_is_refused_and_counted(engine, monkeypatch):
-    monkeypatch.setenv("TRAINWARDEN_TOKEN", "forged")
-    st = jm.Monitor().send_custom_message(content="x")
-    assert not st.ok() and "token" in st.to_string()
+def test_a_process_of_no_incarnation_is_refused_and_counted(monkeypatch):
+    engine = Engine()
+    try:
+        # worker-0 is another process now; this test process belongs to no incarnation.
+        with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as other:
+            engine.server.revoke(engine.token)
+            engine.server.bind(engine.server.issue_token(Incarnation("job-1", "worker-0", 0, 0)), other.pid)
+            monkeypatch.setenv("TRAINWARDEN_SDK_SOCKET", engine.server.address)
+            st = jm.Monitor().send_custom_message(content="x")
+            other.kill()
+        assert not st.ok() and f"pid {os.getpid()}" in st.to_string(), st.to_string()
+        assert engine.messages == [] and len(engine.refused) == 1
+    finally:
+        engine.server.close()
+
+
+def test_a_descendant_of_the_instance_speaks_for_it_whatever_token_it_carries(engine):
+    code = ("from trainwarden.sdk import job_monitor as jm; "
+            "print(jm.Monitor().send_custom_message(content='from a child').to_string())")
+    env = dict(os.environ, TRAINWARDEN_SDK_SOCKET=engine.server.address, TRAINWARDEN_TOKEN="someone-elses")
+    # setsid: a session of its own keeps the parent chain.
+    out = subprocess.run(["setsid", sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip().startswith("OK"), out
+    [m] = engine.messages
+    assert (m.job_id, m.instance, m.content) == ("job-1", "worker-0", "from a child")
+
+
+def test_a_version_1_request_with_a_token_is_refused(engine):
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.connect(engine.server.address)
+        conn.sendall(f'{{"v": 1, "token": "{engine.token}", "op": "custom_message", "content": "x"}}\n'.encode())
+        reply = conn.makefile("rb").readline().decode()
+    assert '"ok": false' in reply and "version" in reply
     assert engine.messages == [] and engine.refused
+
+
+def test_the_socket_lives_in_a_directory_only_this_user_can_enter(engine):
+    directory = os.stat(os.path.dirname(engine.server.address))
+    assert directory.st_mode & 0o777 == 0o700 and directory.st_uid == os.getuid()
 
 
 @pytest.mark.parametrize("raw, words", [
     (b"\xff\xfe not json", "UTF-8 JSON"),
-    (b'{"v": 1, "token": "t", "op": "reboot"}', "unknown op"),
-    (b'{"v": 9, "token": "t", "op": "custom_message", "content": "x"}', "version"),
-    (b'{"v": 1, "token": "t", "op": "set_hang_interval", "interval": 0}', "hang interval"),
-    (b'{"v": 1, "token": "t", "op": "set_retryable_errors", "errors": "x"}', "list"),
+    (b'{"v": 2, "op": "reboot"}', "unknown op"),
+    (b'{"v": 9, "op": "custom_message", "content": "x"}', "version"),
+    (b'{"v": 2, "op": "set_hang_interval", "interval": 0}', "hang interval"),
+    (b'{"v": 2, "op": "set_retryable_errors", "errors": "x"}', "list"),
     (b"x" * (protocol.MAX_REQUEST_BYTES + 1), "longer"),
 ])
 def test_malformed_requests_are_refused_with_a_reason(raw, words):

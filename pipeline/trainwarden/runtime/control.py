@@ -1,19 +1,38 @@
-"""The SDK's endpoint on this machine: a loopback TCP server.
+"""The SDK's endpoint on this machine: a Unix socket bound to process trees.
 
-Each started incarnation gets its own random token; a request with an unknown
-token is refused. A valid request becomes an SdkMessage handed to the service
-loop together with a reply slot; the answer is sent only once the loop has
-stepped the engine with it, so a keyword set just before a crash is always
-known when that crash is judged.
+The socket lives in a directory only this user can enter (0700). A request
+carries no credential: the kernel says which process connected (SO_PEERCRED),
+and the request belongs to the incarnation whose root process that is, or is
+an ancestor of it by parent chain (read from /proc/PID/stat). Whatever the
+request says, and whatever the caller copied from another job's environment,
+it speaks for its own incarnation only; a process in no incarnation's tree is
+refused. A descendant that started a session of its own (setsid) keeps its
+parent and stays its instance's; one that was reparented (a double-forked
+daemon, or any child once the instance's root process died) is in no tree
+any more and is refused.
+
+Each incarnation has a marker (``TRAINWARDEN_TOKEN`` in its environment): it
+finds the incarnation's processes for stack dumps and for killing escaped
+children, and keys the bookkeeping here; it is no credential.
+
+A valid request becomes an SdkMessage handed to the service loop together
+with a reply slot; the answer is sent only once the loop has stepped the
+engine with it, so a keyword set just before a crash is always known when
+that crash is judged.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import secrets
+import shutil
+import socket
 import socketserver
+import struct
+import tempfile
 import threading
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Callable, Iterator, Optional
 
 from trainwarden.events import SdkMessage, SdkOp
 from trainwarden.runtime.clock import now
@@ -22,6 +41,79 @@ from trainwarden.sdk import protocol
 # Longer than a restart's stop grace, so an SDK call made while the loop is
 # stopping instances is still taken; the SDK client waits a little longer.
 REPLY_WAIT_S = 25.0
+# An incarnation is registered before its process exists and bound to the
+# pid once it does: a call in between waits this long for the binding.
+BIND_WAIT_S = 5.0
+MAX_CHAIN = 4096  # ancestors walked at most (a pid namespace's depth is far below)
+SOCKET_NAME = "sdk.sock"
+# sun_path holds 108 bytes; a long TMPDIR falls back to /tmp.
+MAX_SOCKET_PATH = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """A connected process as the kernel reports it."""
+    pid: int
+    uid: int
+
+
+def peer_of(conn: socket.socket) -> Peer:
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                         struct.calcsize("3i")))
+    return Peer(pid, uid)
+
+
+def stat_of(pid: int) -> Optional[tuple[int, int]]:
+    """(parent pid, start time in clock ticks) of a live process, or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = text.rsplit(")", 1)[-1].split()
+    try:
+        return int(fields[1]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def ancestry(pid: int) -> Iterator[tuple[int, int]]:
+    """(pid, start time) of the process and each of its ancestors, up to init."""
+    for _ in range(MAX_CHAIN):
+        if pid <= 0:
+            return
+        found = stat_of(pid)
+        if found is None:
+            return
+        parent, started = found
+        yield pid, started
+        if parent == pid:
+            return
+        pid = parent
+
+
+def uid_of(pid: int) -> Optional[int]:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """True for a strict descendant of ``ancestor`` by parent chain."""
+    return any(p == ancestor for p, _ in list(ancestry(pid))[1:])
+
+
+def private_socket_path() -> Path:
+    """A fresh socket path in a new directory that only this user can enter."""
+    directory = Path(tempfile.mkdtemp(prefix="tw-sdk-"))  # mode 0700
+    if len(str(directory / SOCKET_NAME)) > MAX_SOCKET_PATH:
+        directory.rmdir()
+        directory = Path(tempfile.mkdtemp(prefix="tw-sdk-", dir="/tmp"))
+    return directory / SOCKET_NAME
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +122,15 @@ class Incarnation:
     instance: str
     round: int
     start: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Root:
+    """The process an incarnation's tree hangs from; the start time tells a
+    reused pid from the original."""
+    pid: int
+    started: int
+    uid: Optional[int]
 
 
 class PendingReply:
@@ -71,14 +172,16 @@ class PendingReply:
 class ControlServer:
     def __init__(self, deliver: Callable[[PendingReply], None],
                  on_refused: Callable[[str, bytes], None] = lambda reason, raw: None,
-                 host: str = "127.0.0.1"):
+                 path: Optional[Path] = None):
         self._deliver = deliver
         self._on_refused = on_refused
-        self._tokens: dict[str, Incarnation] = {}
+        self._incarnations: dict[str, Incarnation] = {}  # marker -> incarnation
+        self._roots: dict[str, _Root] = {}  # marker -> root process, once started
+        self._by_pid: dict[int, str] = {}  # root pid -> marker
         # Incarnations being stopped: their requests are answered at once,
         # since the loop is busy stopping them and must not be waited for.
         self._stopping: set[str] = set()
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         server = self
 
         class Handler(socketserver.StreamRequestHandler):
@@ -86,59 +189,120 @@ class ControlServer:
 
             def handle(self) -> None:
                 try:
+                    peer = peer_of(self.request)
                     line = self.rfile.readline(protocol.MAX_REQUEST_BYTES + 1)
                 except OSError:
                     return
-                ok, text = server._handle(line)
+                ok, text = server._handle(peer, line)
                 try:
                     self.wfile.write(protocol.encode_response(ok, text))
                 except OSError:
                     pass
 
-        socketserver.ThreadingTCPServer.daemon_threads = True
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self._server = socketserver.ThreadingTCPServer((host, 0), Handler)
-        self.address = "%s:%d" % self._server.server_address[:2]
+        class Server(socketserver.ThreadingUnixStreamServer):
+            daemon_threads = True
+
+        self.path = Path(path) if path is not None else private_socket_path()
+        self._own_directory = path is None
+        self.path.unlink(missing_ok=True)  # a socket left by a killed predecessor
+        self._server = Server(str(self.path), Handler)
+        self.address = str(self.path)
         self._thread = threading.Thread(target=self._server.serve_forever, name="sdk-control", daemon=True)
         self._thread.start()
 
+    # ------------------------------------------------------ incarnations
+
     def issue_token(self, incarnation: Incarnation) -> str:
+        """Register an incarnation about to start; its marker for the environment."""
         token = secrets.token_urlsafe(24)
-        with self._lock:
-            self._tokens[token] = incarnation
+        with self._changed:
+            self._incarnations[token] = incarnation
         return token
 
-    def accept_token(self, token: str, incarnation: Incarnation) -> None:
-        """A token issued elsewhere (the actuator, for a Slurm task) that this
-        endpoint now takes for that incarnation."""
-        with self._lock:
-            self._tokens[token] = incarnation
+    def bind(self, token: str, pid: int) -> None:
+        """The incarnation's process exists: requests from its tree are its own."""
+        with self._changed:
+            if token not in self._incarnations:
+                return  # revoked meanwhile
+            found = stat_of(pid) if pid > 0 else None
+            if found is None:
+                self._forget(token)  # it never ran, or already died: nothing can speak for it
+            else:
+                self._roots[token] = _Root(pid, found[1], uid_of(pid))
+                self._by_pid[pid] = token
+            self._changed.notify_all()
+
+    def accept_token(self, token: str, incarnation: Incarnation, pid: int) -> None:
+        """An incarnation started elsewhere (a Slurm task this agent adopts),
+        whose root process is ``pid``."""
+        with self._changed:
+            self._incarnations[token] = incarnation
+        self.bind(token, pid)
 
     def revoke(self, token: str) -> None:
-        with self._lock:
-            self._tokens.pop(token, None)
-            self._stopping.discard(token)
+        with self._changed:
+            self._forget(token)
+            self._changed.notify_all()
+
+    def _forget(self, token: str) -> None:
+        self._incarnations.pop(token, None)
+        self._stopping.discard(token)
+        root = self._roots.pop(token, None)
+        if root is not None and self._by_pid.get(root.pid) == token:
+            del self._by_pid[root.pid]
 
     def mark_stopping(self, token: str) -> None:
         """From now on this incarnation's SDK calls never wait for the loop:
         a worker leaving a hang_detect scope in its SIGTERM handler exits at
         once instead of holding its stop for the whole grace period."""
-        with self._lock:
-            if token in self._tokens:
+        with self._changed:
+            if token in self._incarnations:
                 self._stopping.add(token)
 
-    def _handle(self, line: bytes) -> tuple[bool, str]:
+    def attribute(self, pid: int) -> Optional[tuple[str, Incarnation]]:
+        """The incarnation (marker, incarnation) whose process tree holds this pid."""
+        chain = list(ancestry(pid))
+        with self._changed:
+            for ancestor, started in chain:
+                token = self._by_pid.get(ancestor)
+                root = self._roots.get(token) if token else None
+                if root is not None and root.started == started:
+                    return token, self._incarnations[token]
+        return None
+
+    def _attribute_waiting(self, pid: int) -> Optional[tuple[str, Incarnation]]:
+        """As ``attribute``, waiting a moment while some incarnation is still
+        being started: its first call can come before its pid is bound."""
+        deadline = now() + BIND_WAIT_S
+        while True:
+            found = self.attribute(pid)
+            if found is not None:
+                return found
+            with self._changed:
+                unbound = set(self._incarnations) - set(self._roots)
+                left = deadline - now()
+                if not unbound or left <= 0:
+                    return None
+                self._changed.wait(min(left, 0.5))
+
+    # ---------------------------------------------------------- requests
+
+    def _handle(self, peer: Peer, line: bytes) -> tuple[bool, str]:
         try:
             body = protocol.decode_request(line.rstrip(b"\r\n"))
         except protocol.ProtocolError as exc:
-            self._on_refused(str(exc), line[:4096])
+            self._on_refused(f"{exc} (from pid {peer.pid})", line[:4096])
             return False, str(exc)
-        with self._lock:
-            who: Optional[Incarnation] = self._tokens.get(body["token"])
-            stopping = body["token"] in self._stopping
-        if who is None:
-            self._on_refused("unknown or expired token", b"")
-            return False, "unknown or expired token: is this process still part of a running job?"
+        found = self._attribute_waiting(peer.pid)
+        root = self._roots.get(found[0]) if found else None
+        if found is None or (root is not None and root.uid is not None and root.uid != peer.uid):
+            reason = (f"pid {peer.pid} (uid {peer.uid}) is not a process of any running incarnation; "
+                      "only an instance's own processes may use its SDK")
+            self._on_refused(reason, line[:4096])
+            return False, reason + ": is this process still part of a running job?"
+        token, who = found
+        with self._changed:
+            stopping = token in self._stopping
         message = SdkMessage(
             job_id=who.job_id, time=now(), instance=who.instance, round=who.round, start=who.start,
             op=SdkOp(body["op"]), content=body.get("content", ""),
@@ -158,3 +322,6 @@ class ControlServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self.path.unlink(missing_ok=True)
+        if self._own_directory:
+            shutil.rmtree(self.path.parent, ignore_errors=True)

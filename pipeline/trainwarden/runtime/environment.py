@@ -12,6 +12,11 @@ from trainwarden.events import InstanceSpec, JobSpec, RoleSpec
 from trainwarden.settings import JobSettings
 
 
+# The supervisor's own settings, inherited from its environment: no instance
+# needs them, and the C4D channel's location is none of a job's business.
+SUPERVISOR_ONLY = frozenset({"TRAINWARDEN_C4D_LOG", "TRAINWARDEN_C4D_SOCKET", "TRAINWARDEN_CONTROL"})
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -22,7 +27,7 @@ def instance_env(*, base: Mapping[str, str], job_id: str, spec: InstanceSpec, wo
                  round_: int, start: int, max_restarts: int, master_addr: str, master_port: int,
                  control_address: str, token: str, sdk_path: str, extra: Mapping[str, str],
                  node: str) -> dict[str, str]:
-    env = dict(base)
+    env = {name: value for name, value in base.items() if name not in SUPERVISOR_ONLY}
     env.update(extra)
     env.update({
         # torchrun's variables, so unmodified training scripts run as they would under torchrun.
@@ -47,7 +52,10 @@ def instance_env(*, base: Mapping[str, str], job_id: str, spec: InstanceSpec, wo
         # Any incarnation after the first (restart, re-queued spot job) is a
         # resume: the job should load its latest checkpoint.
         "TRAINWARDEN_RESUME": "1" if round_ > 0 or start > 0 else "0",
-        "TRAINWARDEN_CONTROL": control_address,
+        # The SDK's socket: a request is attributed to the calling process's
+        # incarnation by its pid, so this path grants nothing by itself.
+        "TRAINWARDEN_SDK_SOCKET": control_address,
+        # Marks this incarnation's processes (stack dumps, escaped children); no credential.
         "TRAINWARDEN_TOKEN": token,
         # Without this Python buffers stdout in a pipe and a busy job looks silent.
         "PYTHONUNBUFFERED": "1",

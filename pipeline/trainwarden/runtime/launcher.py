@@ -1,7 +1,8 @@
 """Starts and stops one job's instances on this machine.
 
 Knows the job definition (commands, environment) and turns "start worker-1 in
-round 2" into a process with the right variables and a fresh SDK token.
+round 2" into a process with the right variables, registered with the SDK
+endpoint by its pid (its marker finds its processes for stack dumps).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class LocalJobRunner:
         return list(self._specs)
 
     def tokens(self) -> dict[str, str]:
-        """Instance -> token of its current incarnation (finds all its processes)."""
+        """Instance -> marker of its current incarnation (finds all its processes)."""
         return dict(self._tokens)
 
     def master_port(self, round_: int) -> int:
@@ -75,7 +76,8 @@ class LocalJobRunner:
             control_address=self.control.address, token=token, sdk_path=self._sdk_path,
             extra=job_env(self._job_spec, role, self.job.settings), node=self.node,
         )
-        self.runtime.start(name, role.command, env, self.job.workdir, round_, start)
+        pid = self.runtime.start(name, role.command, env, self.job.workdir, round_, start)
+        self.control.bind(token, pid)
 
     def _mark_stopping(self, names: Sequence[str]) -> None:
         for name in names:

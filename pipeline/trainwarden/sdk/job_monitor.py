@@ -14,7 +14,8 @@
 A call returns once the engine has taken the message into account (or with a
 failed status). Without an engine (a script run by hand) every call does
 nothing and says so; no call raises or blocks for more than a few seconds.
-Standard library only.
+The engine knows which instance calls from the calling process itself (see
+sdk/protocol.py): there is nothing to configure. Standard library only.
 """
 
 from __future__ import annotations
@@ -68,8 +69,7 @@ class TFConfig(_Config):
 class Monitor:
     def __init__(self, config: Optional[_Config] = None):
         self.config = config or PyTorchConfig()
-        self.address = os.environ.get("TRAINWARDEN_CONTROL", "")
-        self.token = os.environ.get("TRAINWARDEN_TOKEN", "")
+        self.address = endpoint()
         self.last_status = Status(True)
         if self.config.params:
             self.last_status = self.reset_config(**self.config.params)
@@ -103,14 +103,14 @@ class Monitor:
     # --------------------------------------------------------- transport
 
     def _call(self, op: str, **fields: Any) -> Status:
-        if not self.address or not self.token:
-            return Status(False, "no Trainwarden engine (TRAINWARDEN_CONTROL is not set); nothing was sent")
+        if not self.address:
+            return Status(False, "no Trainwarden engine (TRAINWARDEN_SDK_SOCKET is not set); nothing was sent")
         try:
-            host, port = self.address.rsplit(":", 1)
-            request = protocol.encode_request(self.token, op, **fields)
+            request = protocol.encode_request(op, **fields)
             exiting = sys.is_finalizing()
-            with socket.create_connection((host, int(port)),
-                                          timeout=EXITING_TIMEOUT_S if exiting else CONNECT_TIMEOUT_S) as conn:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(EXITING_TIMEOUT_S if exiting else CONNECT_TIMEOUT_S)
+                conn.connect(self.address)
                 conn.settimeout(EXITING_TIMEOUT_S if exiting else REPLY_TIMEOUT_S)
                 conn.sendall(request)
                 reply = _read_line(conn)
@@ -123,6 +123,17 @@ class Monitor:
         if body.get("ok"):
             return Status(True, str(body.get("detail", "")))
         return Status(False, str(body.get("error", "refused")))
+
+
+def endpoint() -> str:
+    """The engine's socket path, or "" without an engine."""
+    path = os.environ.get("TRAINWARDEN_SDK_SOCKET", "")
+    if not path:
+        # The Slurm task wrapper still hands the adopting agent's endpoint over
+        # under its former name; only a path (a socket) is taken from it.
+        former = os.environ.get("TRAINWARDEN_CONTROL", "")
+        path = former if former.startswith("/") else ""
+    return path
 
 
 def _read_line(conn: socket.socket) -> bytes:

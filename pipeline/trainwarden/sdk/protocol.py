@@ -1,13 +1,18 @@
 """The SDK's wire protocol, shared by the client (job_monitor) and the servers.
 
-One JSON object per line over a local TCP connection, answered by one JSON
-object per line. Every request carries the instance's token (from
-``TRAINWARDEN_TOKEN``), which names the incarnation that sent it; the job's
-own stdout can therefore never speak for the SDK.
+One JSON object per line over the Unix socket named by
+``TRAINWARDEN_SDK_SOCKET``, answered by one JSON object per line. A request
+names no one: the server attributes it to the incarnation whose process tree
+the connecting process belongs to (its kernel-reported pid), so nothing a
+process can read or copy (an environment, a token) speaks for another
+instance, and the job's own stdout can never speak for the SDK.
 
-Request:  {"v": 1, "token": "...", "op": "custom_message", "content": "..."}
-          {"v": 1, "token": "...", "op": "set_retryable_errors", "errors": ["..."]}
-          {"v": 1, "token": "...", "op": "set_hang_interval", "interval": 180 | -1 | null}
+Version 2 (version 1 carried a token from the environment, which any process
+of the same user could read from /proc; it is refused):
+
+Request:  {"v": 2, "op": "custom_message", "content": "..."}
+          {"v": 2, "op": "set_retryable_errors", "errors": ["..."]}
+          {"v": 2, "op": "set_hang_interval", "interval": 180 | -1 | null}
 Response: {"ok": true, "detail": "..."} or {"ok": false, "error": "..."}
 
 Only the standard library: this module is imported inside training code.
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import json
 
-VERSION = 1
+VERSION = 2
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_CONTENT_CHARS = 16 * 1024
 MAX_KEYWORDS = 100
@@ -67,8 +72,8 @@ def interval_from_config(params: dict) -> tuple[bool, int | None]:
     return present, interval
 
 
-def encode_request(token: str, op: str, **fields: object) -> bytes:
-    body = {"v": VERSION, "token": token, "op": op, **fields}
+def encode_request(op: str, **fields: object) -> bytes:
+    body = {"v": VERSION, "op": op, **fields}
     data = (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
     if len(data) > MAX_REQUEST_BYTES:
         raise ProtocolError(f"the request is {len(data)} bytes; the most is {MAX_REQUEST_BYTES}")
@@ -86,9 +91,8 @@ def decode_request(line: bytes) -> dict:
     if not isinstance(body, dict):
         raise ProtocolError("request must be a JSON object")
     if body.get("v") != VERSION:
-        raise ProtocolError(f"unsupported protocol version {body.get('v')!r}; this engine speaks {VERSION}")
-    if not isinstance(body.get("token"), str):
-        raise ProtocolError("request has no token")
+        raise ProtocolError(f"unsupported protocol version {body.get('v')!r}; this engine speaks {VERSION} "
+                            "(requests are bound to the calling process, not to a token)")
     op = body.get("op")
     if op == "custom_message":
         content = body.get("content")

@@ -95,7 +95,7 @@ class Agent:
         self.clock = clock
         self.counters = AgentCounters()
         self.inbox = Inbox()
-        self.control = ControlServer(deliver=self.inbox.put, host="127.0.0.1",
+        self.control = ControlServer(deliver=self.inbox.put,
                                      on_refused=lambda reason, raw: self.inbox.put(("refused", reason, raw)))
         self.sdk_path = sdk_import_dir(self.log_dir / ".sdk")
         self.runtimes: dict[str, LocalRuntime] = {}
@@ -240,7 +240,8 @@ class Agent:
         def launch() -> None:
             if older is not None:
                 runtime.stop([name], 5.0, older)  # an older incarnation is still here
-            runtime.start(name, command.command, env, command.workdir or None, command.round, command.start)
+            pid = runtime.start(name, command.command, env, command.workdir or None, command.round, command.start)
+            self.control.bind(token, pid)
 
         if stopper is not None and stopper.is_alive():
             # Its stack dump must see the old incarnation alive. The start
@@ -317,7 +318,7 @@ class Agent:
         current = self.running.get(key)
         if current is not None:
             self.retiring[(current.job_id, current.instance, current.round, current.start)] = current
-        self.control.accept_token(adopted.token, inc)
+        self.control.accept_token(adopted.token, inc, adopted.pid)
         self.running[key] = _Running(inc.job_id, inc.instance, inc.round, inc.start, pid=adopted.pid,
                                      token=adopted.token, last_output=self.clock(), adopted=True)
         self.counters.starts += 1

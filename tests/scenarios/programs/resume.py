@@ -19,15 +19,35 @@ NAME = os.environ.get("TRAINWARDEN_INSTANCE", "?")
 
 
 def forge() -> str:
-    """What a job that tries to pass for another incarnation gets back."""
+    """What a process that left the instance's tree gets back: a double-forked
+    daemon (reparented away from the instance) calls the SDK."""
     import socket
 
     from trainwarden.sdk.protocol import encode_request
 
-    host, port = os.environ["TRAINWARDEN_CONTROL"].rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as conn:
-        conn.sendall(encode_request("not-a-token-anyone-issued", "custom_message", content="loss is nan"))
-        return conn.makefile("rb").readline().decode().strip()
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        middle_pid = os.getpid()
+        if os.fork() != 0:
+            os._exit(0)  # the daemon's parent leaves: the daemon is reparented
+        os.setsid()
+        while os.getppid() == middle_pid:
+            time.sleep(0.01)
+        try:
+            with socket.socket(socket.AF_UNIX) as conn:
+                conn.settimeout(20)
+                conn.connect(os.environ["TRAINWARDEN_SDK_SOCKET"])
+                conn.sendall(encode_request("custom_message", content="loss is nan"))
+                reply = conn.makefile("rb").readline()
+        except OSError as exc:
+            reply = f"error {exc}".encode()
+        os.write(write_end, reply)
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(middle, 0)
+    with os.fdopen(read_end, "rb") as answer:
+        return answer.read().decode().strip()
 
 
 def main() -> None:
@@ -43,7 +63,7 @@ def main() -> None:
     p.add_argument("--keyword", default="")
     p.add_argument("--message", default="")
     p.add_argument("--say", default="", help="rank 0 prints this at step 1, as its own output")
-    p.add_argument("--forge", action="store_true", help="rank 0 sends an SDK request with a made-up token")
+    p.add_argument("--forge", action="store_true", help="a daemon rank 0 leaves behind calls the SDK")
     a = p.parse_args()
 
     directory = Path(os.environ["TRAINWARDEN_CHECKPOINT_DIR"]) / NAME
