@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.processes import ServiceProcesses
+from tests.cluster.test_cluster_kafka import bootstrap  # noqa: F401 - the fixture: skips without TRAINWARDEN_KAFKA
 from tests.conftest import ROOT, TRAINWARDEN, job_processes
 
 # Depth 1 starts depth 2, which leaves the session (as daemons do) and starts
@@ -77,18 +79,8 @@ def test_sigkill_of_run_leaves_no_process_of_the_job_at_any_depth(tmp_path, job_
             run.wait()
 
 
-@pytest.fixture
-def bootstrap():
-    value = os.environ.get("TRAINWARDEN_KAFKA")
-    if not value:
-        pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
-    return value
-
-
 @pytest.mark.kafka
 def test_sigkill_of_an_agent_leaves_no_process_of_its_job_at_any_depth(tmp_path, job_id, bootstrap):
-    from tests.cluster.processes import ServiceProcesses
-
     services = ServiceProcesses(bootstrap, tmp_path, nodes=1)
     submit = None
     try:
