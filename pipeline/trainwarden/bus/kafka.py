@@ -5,17 +5,32 @@ the standard library, so no extra codec package is needed) and batch for a
 few milliseconds. Consumers never auto-commit: a service commits once the
 effect of what it polled is durable. The client reconnects by itself when the
 broker comes back; calls that cannot finish raise BusError.
+
+Every client gets the TLS and SASL settings of ``KafkaSecurity`` (read from
+the environment). Before the first client, one connection checks the login,
+so that a refused password, an untrusted certificate or a listener that
+speaks another protocol is a clear BusError at once, not a client retrying
+for ever; a message the broker refuses (an ACL) fails the next flush.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import ssl
+import threading
+import time
 from typing import Callable, Optional, Sequence
 
 from trainwarden.bus.base import BusError, Message, TopicSpec
+from trainwarden.bus.kafka_security import KafkaSecurity, source
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+# The login check's bound: a broker that has not answered by then is treated
+# as unreachable (the clients then wait it out as they always do).
+LOGIN_CHECK_S = 10.0
+UNREACHABLE_HINT = "start it (deploy/kafka/local-kafka start) or pass --bootstrap HOST:PORT"
 
 # kafka-python logs every reconnect attempt as an error; the services report
 # the state of the bus themselves. TRAINWARDEN_KAFKA_DEBUG=FILE writes the
@@ -40,9 +55,26 @@ def _kafka():
 
 
 class KafkaBus:
-    def __init__(self, bootstrap: str, client_id: str = "trainwarden"):
+    def __init__(self, bootstrap: str, client_id: str = "trainwarden", security: Optional[KafkaSecurity] = None):
         self.bootstrap = bootstrap
         self.client_id = client_id
+        self.security = security if security is not None else KafkaSecurity.from_env()
+        self._login_checked = False
+
+    def __repr__(self) -> str:
+        return f"KafkaBus({self.bootstrap!r}, {self.security.describe()})"
+
+    def _options(self) -> dict:
+        self._check_login()
+        return dict(bootstrap_servers=self.bootstrap, client_id=self.client_id, **self.security.client_options())
+
+    def _check_login(self) -> None:
+        if self._login_checked:
+            return
+        for server in self.bootstrap.split(","):
+            if check_login(server.strip(), self.security, self.client_id):
+                self._login_checked = True
+                return
 
     def _errors(self):
         return _kafka().errors
@@ -52,11 +84,9 @@ class KafkaBus:
         from kafka.admin import NewTopic
 
         try:
-            admin = kafka.KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=self.client_id,
-                                           request_timeout_ms=15000)
+            admin = kafka.KafkaAdminClient(**self._options(), request_timeout_ms=15000)
         except kafka.errors.KafkaError as exc:
-            raise BusError(f"Kafka at {self.bootstrap} cannot be reached: {exc}.",
-                           hint="start it (deploy/kafka/local-kafka start) or pass --bootstrap HOST:PORT") from None
+            raise BusError(f"Kafka at {self.bootstrap} cannot be reached: {exc}.", hint=UNREACHABLE_HINT) from None
         try:
             existing = set(admin.list_topics())
             wanted = [NewTopic(s.name, s.partitions, 1,
@@ -67,6 +97,11 @@ class KafkaBus:
                     admin.create_topics(wanted, timeout_ms=15000)
                 except kafka.errors.TopicAlreadyExistsError:
                     pass
+                except kafka.errors.AuthorizationError as exc:
+                    raise BusError(f"Kafka at {self.bootstrap} does not let {self._who()} create the topics "
+                                   f"{', '.join(t.name for t in wanted)} ({type(exc).__name__}).",
+                                   hint="run `trainwarden kafka init` with credentials allowed to create them "
+                                        "(an ACL for Create on the topics), or create them as an admin") from None
             return [t.name for t in wanted]
         finally:
             admin.close()
@@ -75,21 +110,20 @@ class KafkaBus:
         kafka = _kafka()
         try:
             producer = kafka.KafkaProducer(
-                bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all",
+                **self._options(), acks="all",
                 compression_type="gzip", linger_ms=5, max_request_size=MAX_REQUEST_BYTES,
                 retries=2147483647, max_block_ms=30000, request_timeout_ms=15000,
             )
         except kafka.errors.KafkaError as exc:
-            raise BusError(f"Kafka at {self.bootstrap} cannot be reached: {exc}.",
-                           hint="start it (deploy/kafka/local-kafka start) or pass --bootstrap HOST:PORT") from None
-        return KafkaProducerAdapter(producer, kafka.errors)
+            raise BusError(f"Kafka at {self.bootstrap} cannot be reached: {exc}.", hint=UNREACHABLE_HINT) from None
+        return KafkaProducerAdapter(producer, kafka.errors, self._who())
 
     def consumer(self, topics: Sequence[str], group: Optional[str], from_beginning: bool = False,
                  on_assign: Optional[Callable[[list[tuple[str, int]]], None]] = None) -> "KafkaConsumerAdapter":
         kafka = _kafka()
         try:
             consumer = kafka.KafkaConsumer(
-                bootstrap_servers=self.bootstrap, client_id=self.client_id, group_id=group,
+                **self._options(), group_id=group,
                 enable_auto_commit=False, auto_offset_reset="earliest" if from_beginning else "latest",
                 max_partition_fetch_bytes=MAX_REQUEST_BYTES, fetch_max_bytes=4 * MAX_REQUEST_BYTES,
                 session_timeout_ms=10000, heartbeat_interval_ms=1000, max_poll_interval_ms=300000,
@@ -99,9 +133,8 @@ class KafkaBus:
                 fetch_max_wait_ms=100,
             )
         except kafka.errors.KafkaError as exc:
-            raise BusError(f"Kafka at {self.bootstrap} cannot be reached: {exc}.",
-                           hint="start it (deploy/kafka/local-kafka start) or pass --bootstrap HOST:PORT") from None
-        adapter = KafkaConsumerAdapter(consumer, kafka, on_assign)
+            raise BusError(f"Kafka at {self.bootstrap} cannot be reached: {exc}.", hint=UNREACHABLE_HINT) from None
+        adapter = KafkaConsumerAdapter(consumer, kafka, on_assign, self._who())
         # Load the topics' metadata before joining a group: a group leader that
         # assigns without it hands out nothing, and keeps doing so until its
         # next metadata refresh (minutes later).
@@ -110,6 +143,11 @@ class KafkaBus:
             known[topic] = consumer.partitions_for_topic(topic)
             if not known[topic]:
                 consumer.close()
+                if self.security.sasl:
+                    # A topic the user may not describe looks absent.
+                    raise BusError(f"the Kafka topic {topic} does not exist, or {self._who()} may not read it.",
+                                   hint="create the topics with: trainwarden kafka init; or grant the user Read on "
+                                        "the topic (deploy/kafka/README.md lists each service's ACLs)")
                 raise BusError(f"the Kafka topic {topic} does not exist.",
                                hint="create the topics with: trainwarden kafka init")
         if group is None:
@@ -127,26 +165,53 @@ class KafkaBus:
             consumer.subscribe(list(topics), listener=adapter.listener())
         return adapter
 
+    def _who(self) -> str:
+        return f"user {self.security.username}" if self.security.sasl else "this client"
+
     def close(self) -> None:
         """Clients own their connections; nothing is shared."""
 
 
+def _refused(errors, exc, who: str, verb: str, topic: str) -> BusError:
+    if isinstance(exc, errors.AuthorizationError):
+        return BusError(f"Kafka does not let {who} {verb} the topic {topic} ({type(exc).__name__}).",
+                        hint="grant the user that ACL on the broker (deploy/kafka/README.md lists each "
+                             "service's), or run this service with its own credentials")
+    return BusError(f"Kafka refused a message for {topic}: {exc}.")
+
+
 class KafkaProducerAdapter:
-    def __init__(self, producer, errors):
+    def __init__(self, producer, errors, who: str = "this client"):
         self._producer = producer
         self._errors = errors
+        self._who = who
+        # Sends fail asynchronously (an ACL refuses a topic only on the
+        # broker): the sender thread records them, the next flush raises.
+        self._failed: list[BusError] = []
+        self._lock = threading.Lock()
 
     def send(self, topic: str, key: str, value: bytes) -> None:
         try:
-            self._producer.send(topic, key=key.encode("utf-8"), value=value)
+            future = self._producer.send(topic, key=key.encode("utf-8"), value=value)
         except self._errors.KafkaError as exc:
-            raise BusError(f"Kafka refused a message for {topic}: {exc}.") from None
+            raise _refused(self._errors, exc, self._who, "write to", topic) from None
+        future.add_errback(self._record_failure, topic)
+
+    def _record_failure(self, topic: str, exc: Exception) -> None:
+        with self._lock:
+            self._failed.append(_refused(self._errors, exc, self._who, "write to", topic))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         try:
             self._producer.flush(timeout=timeout_s)
         except self._errors.KafkaError as exc:
             raise BusError(f"Kafka did not acknowledge the messages in {timeout_s:.0f} s: {exc}.") from None
+        with self._lock:
+            failed, self._failed = self._failed, []
+        if failed:
+            first = failed[0]
+            more = f" ({len(failed) - 1} more messages refused)" if len(failed) > 1 else ""
+            raise BusError(f"{str(first).removesuffix('.')}{more}.", hint=first.hint)
 
     def close(self) -> None:
         try:
@@ -156,10 +221,11 @@ class KafkaProducerAdapter:
 
 
 class KafkaConsumerAdapter:
-    def __init__(self, consumer, kafka, on_assign):
+    def __init__(self, consumer, kafka, on_assign, who: str = "this client"):
         self._consumer = consumer
         self._kafka = kafka
         self._on_assign = on_assign
+        self._who = who
         self.skipped_commits = 0
 
     def listener(self):
@@ -181,6 +247,14 @@ class KafkaConsumerAdapter:
     def poll(self, timeout_s: float, max_records: int = 500) -> list[Message]:
         try:
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        except self._kafka.errors.TopicAuthorizationFailedError as exc:
+            topics = self._consumer.subscription() or {tp.topic for tp in self._consumer.assignment()}
+            raise _refused(self._kafka.errors, exc, self._who, "read", ", ".join(sorted(topics)) or "its topics") from None
+        except self._kafka.errors.GroupAuthorizationFailedError as exc:
+            raise BusError(f"Kafka does not let {self._who} join the consumer group "
+                           f"{self._consumer.config.get('group_id')} ({type(exc).__name__}).",
+                           hint="grant the user Read on the group (deploy/kafka/README.md lists each "
+                                "service's ACLs)") from None
         except self._kafka.errors.KafkaError as exc:
             raise BusError(f"polling Kafka failed: {exc}.") from None
         records = []
@@ -242,3 +316,69 @@ class KafkaConsumerAdapter:
             self._consumer.close(autocommit=False)
         except Exception:  # noqa: BLE001
             pass
+
+
+def check_login(server: str, security: KafkaSecurity, client_id: str = "trainwarden") -> bool:
+    """One connection to ``server`` through TLS and the SASL login. True when
+    it got through; False when the broker could not be reached (the clients
+    then wait for it as usual); BusError when the broker refused the login or
+    the certificate, or speaks another protocol than ``security``'s."""
+    kafka = _kafka()
+    from kafka.conn import BrokerConnection, ConnectionStates
+
+    host, _, port = server.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise BusError(f"the Kafka bootstrap server {server!r} is not HOST:PORT.",
+                       hint="pass --bootstrap HOST:PORT or set TRAINWARDEN_KAFKA")
+    try:
+        family = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0][0]
+    except (OSError, UnicodeError):
+        return False
+    # The furthest state the connection reached says where it was turned away.
+    reached = [ConnectionStates.DISCONNECTED]
+
+    def on_state_change(node_id, sock, conn) -> None:
+        reached.append(conn.state)
+
+    conn = BrokerConnection(host, int(port), family, client_id=client_id, state_change_callback=on_state_change,
+                            request_timeout_ms=int(LOGIN_CHECK_S * 1000), **security.client_options())
+    started = time.monotonic()
+    try:
+        if conn.connect_blocking(LOGIN_CHECK_S):
+            return True
+    except ssl.SSLCertVerificationError as exc:
+        raise BusError(f"Kafka at {server} presented a TLS certificate this client does not trust: "
+                       f"{exc.verify_message or exc.reason}.",
+                       hint=f"give the CA that signed it with {source('SSL_CAFILE')}; the certificate must name "
+                            f"{host}") from None
+    except ssl.SSLError as exc:
+        raise BusError(f"the TLS handshake with Kafka at {server} failed: {exc.reason or exc}.",
+                       hint=f"check that its listener speaks TLS ({source('SECURITY_PROTOCOL')} is "
+                            f"{security.protocol}) and the client certificate, if it asks for one") from None
+    except kafka.errors.UnsupportedSaslMechanismError:
+        raise BusError(f"Kafka at {server} does not offer the SASL mechanism {security.mechanism}.",
+                       hint=f"set {source('SASL_MECHANISM')} to one its listener enables") from None
+    except kafka.errors.KafkaError as exc:
+        raise BusError(f"Kafka at {server} refused the connection ({security.describe()}): "
+                       f"{type(exc).__name__}.", hint=f"check {source('SECURITY_PROTOCOL')} and its "
+                                                      "credentials against the broker's listener") from None
+    finally:
+        conn.close()
+    if time.monotonic() - started >= LOGIN_CHECK_S * 0.9:
+        return False  # slow, not refused: no verdict
+    if ConnectionStates.AUTHENTICATING in reached:
+        raise BusError(f"Kafka at {server} refused the SASL login of user {security.username} "
+                       f"({security.mechanism}).",
+                       hint=f"check {source('SASL_USERNAME')} and the password from {security.password_source}; "
+                            "the broker must have a credential of this mechanism for the user")
+    if ConnectionStates.HANDSHAKE in reached and ConnectionStates.API_VERSIONS_SEND not in reached:
+        raise BusError(f"Kafka at {server} closed the connection during the TLS handshake.",
+                       hint=f"its listener may not speak TLS ({source('SECURITY_PROTOCOL')} is {security.protocol}), "
+                            "or it wants a client certificate (TRAINWARDEN_KAFKA_SSL_CERTFILE and _KEYFILE)")
+    if ConnectionStates.API_VERSIONS_SEND in reached or ConnectionStates.API_VERSIONS_RECV in reached:
+        raise BusError(f"Kafka at {server} closed the connection before answering: its listener expects another "
+                       f"security protocol than {security.protocol}.",
+                       hint=f"set {source('SECURITY_PROTOCOL')} (and its credentials) to what the broker's "
+                            "listener speaks, e.g. SASL_SSL")
+    return False

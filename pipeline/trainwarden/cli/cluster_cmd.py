@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainwarden.bus import ACTUATOR_STATE, NODES, BusError, open_bus, topic_specs
+from trainwarden.bus import ACTUATOR_STATE, NODES, BusError, kafka_security, open_bus, topic_specs
 from trainwarden.bus.base import read_to_end
 from trainwarden.bus.messages import Heartbeat, NodeState
 from trainwarden.bus.serde import DecodeError, decode, encode
@@ -217,6 +217,40 @@ def _bootstrap(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", default=None,
                         help="Kafka HOST:PORT[,HOST:PORT] (default $TRAINWARDEN_KAFKA); 'memory' is only for tests "
                              "[env TRAINWARDEN_KAFKA]")
+    security = parser.add_argument_group("Kafka security (TLS, SASL; no flag for a password: it would show in ps)")
+
+    def flag(setting: str, help: str, **kwargs) -> None:
+        env = kafka_security.ENV_PREFIX + setting
+        security.add_argument(kafka_security.SETTINGS[setting], action=_ExportedToEnv, env=env, default=None,
+                              help=f"{help} [env {env}]", **kwargs)
+
+    flag("SECURITY_PROTOCOL", "how to reach the brokers (default PLAINTEXT)",
+         type=_choice(*kafka_security.PROTOCOLS), metavar="PROTOCOL")
+    flag("SASL_MECHANISM", "SASL login mechanism, for the SASL_ protocols", type=_choice(*kafka_security.MECHANISMS),
+         metavar="MECHANISM")
+    flag("SASL_USERNAME", "SASL user", metavar="USER")
+    flag("SASL_PASSWORD_FILE", "file holding the SASL password (or $TRAINWARDEN_KAFKA_SASL_PASSWORD)",
+         metavar="FILE")
+    flag("SSL_CAFILE", "PEM file of the CA that signed the brokers' certificates (default: the system's)",
+         metavar="FILE")
+    flag("SSL_CERTFILE", "PEM client certificate, for brokers that ask for one", metavar="FILE")
+    flag("SSL_KEYFILE", "PEM private key of the client certificate", metavar="FILE")
+    flag("SSL_KEY_PASSWORD_FILE", "file holding the client key's password, if it is encrypted", metavar="FILE")
+
+
+class _ExportedToEnv(argparse.Action):
+    """A Kafka security flag. The bus reads these settings from the
+    environment (KafkaSecurity.from_env, checked there with the variable and
+    the flag named), so a flag given on the command line sets its variable in
+    this process, over the inherited one, before any bus is opened."""
+
+    def __init__(self, option_strings, dest, env: str, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.env = env
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        os.environ[self.env] = values
 
 
 def _metrics_address(text: str):
