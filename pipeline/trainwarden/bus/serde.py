@@ -40,6 +40,9 @@ SCHEMA_VERSION = 1
 # Far above any message we produce (log lines are cut at 16 KiB and batched),
 # below the broker's 16 MiB: anything larger is refused before decoding.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# How every signed envelope begins (bus/signing.py); a consumer without a key
+# meets it only when the producers have one and it does not.
+SIGNED_PREFIX = b'{"tw_signed":1,'
 
 EventMessage = Union[JobSubmitted, InstanceStarted, InstanceExited, SdkMessage, InstanceActivity, NodeLost, Diagnosis,
                      DecisionRecord]
@@ -87,6 +90,9 @@ def decode(kind: str, value: bytes) -> msgspec.Struct:
         raise DecodeError("the message has no value")
     if len(value) > MAX_MESSAGE_BYTES:
         raise DecodeError(f"the message is {len(value)} bytes; the most is {MAX_MESSAGE_BYTES}")
+    if value.startswith(SIGNED_PREFIX):
+        raise DecodeError("the message is signed and this service has no signing key to check it; give it the "
+                          "producers' key ($TRAINWARDEN_SIGNING_KEY_FILE or $TRAINWARDEN_SIGNING_KEY)")
     try:
         version = _header.decode(value).v
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -136,6 +136,7 @@ def add_commands(sub) -> None:
                  "the submission and with --follow every output line and decision")
     _switch(submit, "--json", help="the same as -o json")
     _bootstrap(submit)
+    _signing_options(submit)
 
     nodes = sub.add_parser("nodes", help="list nodes; isolate or uncordon one", **examples(
         "trainwarden nodes", "trainwarden nodes -o json", "trainwarden nodes -o name --listen 5",
@@ -149,6 +150,7 @@ def add_commands(sub) -> None:
         _env_of(nodes, flag)
     _option(nodes, "--listen", type=float, default=2.5, help="seconds to listen for heartbeats (default 2.5)")
     _bootstrap(nodes)
+    _signing_options(nodes)
 
 
 # Switches (store_true) whose environment variable is read at dispatch, where a bad value can be refused.
@@ -268,6 +270,32 @@ def _service_options(parser: argparse.ArgumentParser) -> None:
             help="text (the default) or json: one JSON object per line with time, level, component, job_id, "
                  "message")
     _bootstrap(parser)
+    _signing_options(parser)
+
+
+def _signing_options(parser: argparse.ArgumentParser) -> None:
+    """How a command's bus messages are signed and checked (docs/MESSAGES.md, "Signed messages")."""
+    _option(parser, "--signing-key-file", metavar="FILE",
+            help="the signing keyring: lines KEY_ID SECRET, the first key signs, every key verifies (or one key in "
+                 "$TRAINWARDEN_SIGNING_KEY); without a key, messages are unsigned")
+    _option(parser, "--signing-max-age", type=_signing_max_age, metavar="SECONDS",
+            help="a message signed longer ago than this when it arrives is refused as expired (default 600)")
+    _switch(parser, "--trusted-network", help="without a signing key, use a broker that is not on this host anyway: "
+                                              "only trusted hosts can reach it")
+
+
+def _signing_max_age(text: str) -> float:
+    from trainwarden.bus.signing import max_age
+
+    try:
+        return max_age(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _signing(args: argparse.Namespace) -> dict:
+    return {"key_file": args.signing_key_file, "trusted_network": args.trusted_network,
+            "max_age_s": args.signing_max_age}
 
 
 def dispatch(args: argparse.Namespace, command: list[str]) -> int:
@@ -276,7 +304,8 @@ def dispatch(args: argparse.Namespace, command: list[str]) -> int:
         return fail(problem, hint="unset it or give the flag on the command line")
     try:
         if args.command == "kafka":
-            created = open_bus(args.bootstrap).create_topics(topic_specs(args.partitions))
+            # Admin only: creating topics produces no message, so no key is needed.
+            created = open_bus(args.bootstrap, trusted_network=True).create_topics(topic_specs(args.partitions))
             err_console.print(f"topics ready ({len(created)} created): " + ", ".join(s.name for s in topic_specs(1)))
             return 0
         if args.command == "submit":
@@ -305,7 +334,7 @@ def _service(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace, run: ServiceRun) -> int:
     observer = run.observer
-    bus = observer.bus(open_bus(args.bootstrap))
+    bus = run.open_bus(args.bootstrap, **_signing(args))
     reload = None
     if args.command == "agent":
         from trainwarden.services.agent import Agent
@@ -435,7 +464,7 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
         # The cluster has no market service yet: a spot job must not silently run on ordinary capacity.
         return fail("spot jobs run in the embedded mode only for now",
                     hint="run it with: trainwarden run JOB.yaml --market TRACE")
-    bus = open_bus(args.bootstrap)
+    bus = open_bus(args.bootstrap, service="submit", **_signing(args))
     follower = Follower(bus, job.job_id) if args.follow else None
     if follower is not None and not follower.ready():
         return fail("could not subscribe to the job's output in 30 s", code=1)
@@ -482,7 +511,7 @@ def _json_line(event: dict) -> None:
 
 
 def _nodes(args: argparse.Namespace) -> int:
-    bus = open_bus(args.bootstrap)
+    bus = open_bus(args.bootstrap, service="nodes", **_signing(args))
     if args.action in ("isolate", "uncordon"):
         if not args.name:
             return fail(f"'nodes {args.action}' needs a node name", hint="see 'trainwarden nodes' for the names")

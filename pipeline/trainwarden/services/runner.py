@@ -1,13 +1,19 @@
 """Running one service as a process: its log, its metrics endpoint, its
 signals. SIGTERM and SIGINT stop it; SIGHUP asks for a reload (rules,
-subscriptions), carried out by the service loop between two iterations."""
+subscriptions), carried out by the service loop between two iterations.
+A service opens its bus here: signed when a key is configured (and then its
+refusals are in the health line and /metrics), refused on a broker off this
+host without one unless the network is declared trusted (bus/signing.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 from typing import Callable, Optional
 
+from trainwarden.bus import open_bus
+from trainwarden.bus.signing import REFUSALS, SigningBus, SigningCounters, describe
 from trainwarden.services.logs import ServiceLog
 from trainwarden.services.loop import serve
 from trainwarden.services.observability import Address, MetricsServer, Observer
@@ -24,6 +30,8 @@ class ServiceRun:
             self.server = self.observer.serve_http(metrics_address)
         self._stopping = threading.Event()
         self._reload = threading.Event()
+        self._refusals: Optional[SigningCounters] = None
+        self._signing = ""
         # From now on a SIGHUP never stops the service, even while it starts
         # (the actuator reads its state topic first); SIGTERM still interrupts
         # a start at once (main's handler), and run() takes it over.
@@ -31,6 +39,20 @@ class ServiceRun:
 
     def say(self, level: str, text: str, job_id: str = "") -> None:
         self.log(level, text, job_id)
+
+    def open_bus(self, target: Optional[str], *, key_file: Optional[str] = None,
+                 trusted_network: Optional[bool] = None, max_age_s: Optional[float] = None):
+        """The service's bus, observed; raises ConfigError (a bad key, a
+        refused network) before anything connects."""
+        bus = open_bus(target, key_file=key_file, trusted_network=trusted_network, max_age_s=max_age_s,
+                       service=self.observer.component)
+        self._signing = describe(bus)
+        if isinstance(bus, SigningBus):
+            refusals = self._refusals = bus.counters
+            self.observer.counter_family("bus_messages_refused", "Bus messages refused by signature checks and "
+                                         "dead-lettered, by reason.", "reason",
+                                         lambda: {reason: getattr(refusals, reason) for reason in REFUSALS})
+        return self.observer.bus(bus)
 
     def run(self, service, label: str, reload: Optional[Callable[[], None]] = None) -> int:
         def stop(signum, frame) -> None:
@@ -41,7 +63,10 @@ class ServiceRun:
         if reload is None:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nothing to reload is still no reason to stop
         where = f"; metrics on http://{self.server.address}/metrics" if self.server else ""
-        self.say("info", f"running: {label}{where}")
+        signing = f"; {self._signing}" if self._signing else ""
+        self.say("info", f"running: {label}{where}{signing}")
+        if self._refusals is not None:
+            service = _WithRefusals(service, self._refusals)
         try:
             serve(service, self._stopping.is_set, self.say, observer=self.observer,
                   reload_requested=self._take_reload, reload=reload)
@@ -60,3 +85,24 @@ class ServiceRun:
             return False
         self._reload.clear()
         return True
+
+
+class _WithRefusals:
+    """A service whose counters (the health line's) include its bus's signature refusals."""
+
+    def __init__(self, service, refusals: SigningCounters):
+        self._service = service
+        self._refusals = refusals
+
+    @property
+    def counters(self):
+        merged = {**dataclasses.asdict(self._service.counters),
+                  **{f"refused_{reason}": getattr(self._refusals, reason) for reason in REFUSALS},
+                  "refusals_not_dead_lettered": self._refusals.dead_letters_lost}
+        return dataclasses.make_dataclass("Counters", list(merged))(**merged)
+
+    def run_once(self) -> None:
+        self._service.run_once()
+
+    def close(self) -> None:
+        self._service.close()
