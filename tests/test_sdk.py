@@ -143,6 +143,7 @@ def test_the_socket_lives_in_a_directory_only_this_user_can_enter(engine):
 @pytest.mark.parametrize("raw, words", [
     (b"\xff\xfe not json", "UTF-8 JSON"),
     (b'{"v": 2, "op": "reboot"}', "unknown op"),
+    (b'{"v": 2, "token": "copied", "op": "custom_message", "content": "x"}', "unknown field 'token'"),
     (b'{"v": 9, "op": "custom_message", "content": "x"}', "version"),
     (b'{"v": 2, "op": "set_hang_interval", "interval": 0}', "hang interval"),
     (b'{"v": 2, "op": "set_retryable_errors", "errors": "x"}', "list"),

@@ -1,6 +1,8 @@
-"""C4D findings: acted on from the diagnostic channel only."""
+"""C4D findings: acted on from the diagnostic channel only (the C4D socket,
+written by a process that is not part of the job: this test process)."""
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -26,31 +28,34 @@ def _diagnoses(store, job_id):
                              "WHERE job_id = {job_id:String} ORDER BY time", {"job_id": job_id})
 
 
-def _run_with_channel(store, job_id, c4d_log, lines, *behave, extra=(), extra_env=None):
-    env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT / "pipeline"), **(extra_env or {}))
-    output = c4d_log.with_name(c4d_log.name + ".run-out")
+def send_c4d(path, lines) -> None:
+    """What C4D's collector does: connect to the C4D socket and write lines."""
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.connect(str(path))
+        conn.sendall("".join(line + "\n" for line in lines).encode())
+
+
+def _run_with_channel(store, job_id, channel, lines, *behave, extra=(), extra_env=None):
+    env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT / "pipeline"),
+               TRAINWARDEN_C4D_SOCKET=str(channel), **(extra_env or {}))
+    output = channel.with_name(channel.name + ".run-out")
     with open(output, "w") as out_file:
         proc = subprocess.Popen([*TRAINWARDEN, "run", "--job-id", job_id, "--nproc", "2", "--args", ARGS,
-                                 "--c4d-log", str(c4d_log), "--stop-grace", "1", *extra, "--", sys.executable,
-                                 BEHAVE, *behave],
+                                 "--stop-grace", "1", *extra, "--", sys.executable, BEHAVE, *behave],
                                 env=env, cwd=ROOT, stdout=out_file, stderr=subprocess.PIPE, text=True)
-        # The run follows the channel from its end, from before its instances
-        # start: the lines go in once an instance has printed (a fixed sleep
-        # lost them when the run started slowly on a loaded machine).
+        # The run listens from before its instances start: the lines go in
+        # once an instance has printed (a fixed sleep lost them when the run
+        # started slowly on a loaded machine).
         deadline = time.monotonic() + 60
         while "[worker-" not in output.read_text() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        with open(c4d_log, "a") as handle:
-            for line in lines:
-                handle.write(line + "\n")
+        send_c4d(channel, lines)
         _, err = proc.communicate(timeout=120)
     return proc.returncode, output.read_text(), err
 
 
 def test_a_c4d_error_from_the_channel_isolates_the_node_and_restarts_the_job(store, job_id, tmp_path, history):
-    log = tmp_path / "c4d.log"
-    log.write_text("C4D agent started\n")
-    code, out, err = _run_with_channel(store, job_id, log, [ERROR], "--steps", "60", "--step-s", "0.1",
+    code, out, err = _run_with_channel(store, job_id, tmp_path / "c4d.sock", [ERROR], "--steps", "60", "--step-s", "0.1",
                                        "--fail-rounds", "none")
     assert code == 0, err
     done = [(r["action"], r["error_source"], r["result"]) for r in history(job_id)]
@@ -71,9 +76,7 @@ def test_the_same_line_printed_by_the_job_is_only_recorded_as_untrusted(cli, sto
 
 
 def test_a_c4d_warning_notifies_without_isolating(store, job_id, tmp_path, history):
-    log = tmp_path / "c4d.log"
-    log.touch()
-    code, out, err = _run_with_channel(store, job_id, log, [WARNING, "C4D level=Bogus kind=X"], "--steps", "40",
+    code, out, err = _run_with_channel(store, job_id, tmp_path / "c4d.sock", [WARNING, "C4D level=Bogus kind=X"], "--steps", "40",
                                        "--step-s", "0.1")
     assert code == 0, err
     assert [(r["action"], r["error_source"]) for r in history(job_id)] == [("notify", "c4d")]
@@ -90,10 +93,8 @@ def test_a_c4d_warning_reaches_subscribers_as_c4d_warning_and_an_error_printed_b
     directory.mkdir()
     (directory / "ops.yaml").write_text("version: 1\nsubscriptions:\n" + subscription_yaml("ops", hook.url,
                                                                                             private=True))
-    log = tmp_path / "c4d.log"
-    log.touch()
     code, out, err = _run_with_channel(
-        store, job_id, log, [WARNING], "--steps", "40", "--step-s", "0.1", "--say", ERROR,
+        store, job_id, tmp_path / "c4d.sock", [WARNING], "--steps", "40", "--step-s", "0.1", "--say", ERROR,
         extra=("--notifications", str(directory), "--notify-dir", str(tmp_path / "queue")), extra_env=ENV)
     assert code == 0, err
     payloads = [standardwebhooks.Webhook(SECRET).verify(r.body, r.headers) for r in hook.requests]
@@ -104,3 +105,13 @@ def test_a_c4d_warning_reaches_subscribers_as_c4d_warning_and_an_error_printed_b
     assert types == ["c4d.warning", "job.succeeded"], types
     assert [(f["level"], f["trusted"]) for f in _diagnoses(store, job_id)] == [("Error", False), ("Error", False),
                                                                               ("Warning", True)]
+
+
+def test_a_c4d_log_the_instances_user_can_write_is_refused_at_start_saying_why(cli, job_id, tmp_path):
+    log = tmp_path / "c4d.log"
+    log.touch()
+    result = cli("run", "--job-id", job_id, "--c4d-log", str(log), "--", sys.executable, "-c", "print(1)")
+    assert result.code == 2, result
+    said = " ".join(result.err.split())
+    assert f"--c4d-log {log}" in said and "writable by the user the instances run as" in said, said
+    assert "--c4d-socket" in said  # the hint: the channel that works

@@ -24,12 +24,14 @@ from trainwarden.runtime.registry import runtime_kind
 from trainwarden.services.embedded import EmbeddedRun
 from trainwarden.services.follow import Follower, submit
 from trainwarden.store import open_reader, open_writer
+from tests.e2e.test_c4d import send_c4d
 
 RUNTIMES = ("local", "agents", "slurm")
 PROGRAM = str(Path(__file__).resolve().parent / "programs" / "resume.py")
 
-# When a printed line matches, the C4D agent of the node running that
-# instance writes this finding to its own log (the trusted channel).
+# When a printed line matches, C4D's collector on the node running that
+# instance sends this finding through the trusted channel (the C4D socket of
+# `run`; the agents' C4D logs, which only this test process writes).
 Trigger = Callable[[LogLine], Optional[str]]
 
 
@@ -100,8 +102,7 @@ def cancel_slurm_jobs(job_id: str) -> None:
 
 def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger], timeout_s: float) -> Outcome:
     store = tmp / "store"
-    c4d_log = tmp / "c4d.log"
-    c4d_log.touch()
+    c4d_socket = tmp / "c4d.sock"
     lines: list[LogLine] = []
     decisions: list[Decision] = []
 
@@ -110,8 +111,7 @@ def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger],
             lines.append(event)
             said = trigger(event) if trigger else None
             if said:
-                with open(c4d_log, "a") as channel:
-                    channel.write(said + "\n")
+                send_c4d(c4d_socket, [said])  # from this process: not one of the job's
 
         def flush(self) -> None:
             pass
@@ -123,7 +123,7 @@ def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger],
             pass
 
     embedded = EmbeddedRun(definition, load_rules(), open_writer(store), Reporter(), node="local-node",
-                           c4d_log=str(c4d_log))
+                           c4d_socket=str(c4d_socket))
     thread = threading.Thread(target=embedded.run, daemon=True)
     thread.start()
     thread.join(timeout_s)

@@ -65,7 +65,10 @@ def add_commands(sub) -> None:
                                      "to the default store)")
     _option(agent, "--address", default="", help="address other nodes reach this one at (MASTER_ADDR; default: "
                                                   "what the host name resolves to)")
-    _option(agent, "--c4d-log", help="the C4D agent's log file on this node: the trusted diagnostic channel")
+    _option(agent, "--c4d-socket", help="a Unix socket C4D's collector writes its findings to (the trusted "
+                                        "diagnostic channel; a connection from an instance's process is refused)")
+    _option(agent, "--c4d-log", help="C4D's log file on this node, if the instances' user cannot write it "
+                                     "(else refused: use --c4d-socket)")
     _option(agent, "--slurm-dir", help="on a Slurm node: the directory shared with the actuator's --slurm-dir; "
                                        "the agent follows the Slurm tasks on its node (--node must be the Slurm "
                                        "node name)")
@@ -337,13 +340,18 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
     bus = run.open_bus(args.bootstrap, **_signing(args))
     reload = None
     if args.command == "agent":
+        from trainwarden.runtime.c4d_source import c4d_flags_problem
         from trainwarden.services.agent import Agent
 
         if not 1 <= args.slots <= 4096:
             return fail("--slots must be from 1 to 4096")
         log_dir = Path(args.log_dir or default_store_dir().parent / f"agent-{args.node}" / "logs")
+        refused = c4d_flags_problem(args.c4d_log, args.c4d_socket)
+        if refused:
+            return fail(*refused)
         service = Agent(bus, args.node, args.slots, log_dir, address=args.address, ship_logs=not args.no_ship_logs,
                         c4d_log=Path(args.c4d_log) if args.c4d_log else None,
+                        c4d_socket=Path(args.c4d_socket) if args.c4d_socket else None,
                         slurm_dir=Path(args.slurm_dir) if args.slurm_dir else None)
         observer.watch(lambda: service.counters, [
             ("agent_instances_running", "Instances this agent runs now.", lambda: len(service.running)),

@@ -15,6 +15,7 @@ from trainwarden.diagnose.collect import tool_order
 from trainwarden.jobspec import from_command, load_job_file
 from trainwarden.notify.queue import QueueError
 from trainwarden.rules.loader import load_rules
+from trainwarden.runtime.c4d_source import C4DChannelError, c4d_flags_problem
 from trainwarden.services.embedded import EmbeddedRun
 from trainwarden.settings import parse_args_string
 from trainwarden.spot.market import open_market
@@ -55,6 +56,12 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         raise  # names file and line; main prints it
     except ValueError as exc:
         return fail(str(exc))
+    # The C4D channel: --c4d-socket (or $TRAINWARDEN_C4D_SOCKET), else a --c4d-log no job can write.
+    c4d_flags = {"c4d_log": args.c4d_log,
+                 "c4d_socket": getattr(args, "c4d_socket", None) or os.environ.get("TRAINWARDEN_C4D_SOCKET")}
+    refused = c4d_flags_problem(c4d_flags["c4d_log"], c4d_flags["c4d_socket"])
+    if refused:
+        return fail(*refused)
     store_dir = store_target(args)
     log_dir = _log_dir(args.log_dir)
     if isinstance(log_dir, int):
@@ -76,9 +83,11 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         return fail("--stack-timeout must be from 0.5 to 300 seconds")
     try:
         result = EmbeddedRun(job, pack, writer, reporter, stack_tools=tools, stack_timeout_s=args.stack_timeout,
-                             c4d_log=args.c4d_log, notify=notify, market=market, spot=bids, log_dir=log_dir).run()
+                             **c4d_flags, notify=notify, market=market, spot=bids, log_dir=log_dir).run()
     except QueueError as exc:
         return fail(str(exc), hint="give this run its own --notify-dir, or wait for the other one to finish")
+    except C4DChannelError as exc:
+        return fail(str(exc), hint="give a --c4d-socket path in a directory this user can write")
     _compact(store_dir)
     if as_json:
         reporter.emit("job_finished", job_id=result.job_id, status=result.status.value, reason=result.reason,

@@ -29,7 +29,9 @@ MAX_KEYWORDS = 100
 MAX_KEYWORD_CHARS = 256
 MAX_INTERVAL_S = 30 * 24 * 3600
 
-OPS = ("custom_message", "set_retryable_errors", "set_hang_interval")
+# Each op and the one field it carries besides "v" and "op".
+OP_FIELDS = {"custom_message": "content", "set_retryable_errors": "errors", "set_hang_interval": "interval"}
+OPS = tuple(OP_FIELDS)
 # reset_config / Config(**params) accept these names; both set the calling
 # instance's hang interval.
 CONFIG_PARAMS = ("job_hang_interval", "enable_job_hang_detection")
@@ -94,6 +96,11 @@ def decode_request(line: bytes) -> dict:
         raise ProtocolError(f"unsupported protocol version {body.get('v')!r}; this engine speaks {VERSION} "
                             "(requests are bound to the calling process, not to a token)")
     op = body.get("op")
+    extra = sorted(set(body) - {"v", "op", OP_FIELDS.get(op, "")})
+    if op in OP_FIELDS and extra:
+        # A token (or an instance name) copied from somewhere is not quietly ignored: it is refused.
+        raise ProtocolError(f"unknown field {extra[0]!r} in a {op} request; a request names nobody, "
+                            "the engine knows the calling process")
     if op == "custom_message":
         content = body.get("content")
         if not isinstance(content, str) or not content:

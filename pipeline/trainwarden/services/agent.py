@@ -35,7 +35,7 @@ from trainwarden.diagnose.c4d import C4DFormatError, parse_line
 from trainwarden.diagnose.collect import configured, dump_instances
 from trainwarden.diagnose.stacks import dumps_to_json
 from trainwarden.events import Activity, Diagnosis, InstanceActivity, InstanceExited, InstanceStarted, LogLine
-from trainwarden.runtime.c4d_source import FileFollower
+from trainwarden.runtime.c4d_source import C4DSocket, FileFollower
 from trainwarden.runtime.clock import now as clock_now
 from trainwarden.runtime.control import ControlServer, Incarnation, PendingReply
 from trainwarden.runtime.environment import instance_env, sdk_import_dir
@@ -80,12 +80,13 @@ class AgentCounters:
     ignored_commands: int = 0
     lines: int = 0
     dead_letters: int = 0
+    c4d_refused: int = 0  # connections to the C4D socket from a job's process
 
 
 class Agent:
     def __init__(self, bus: Bus, node: str, slots: int, log_dir: Path, address: str = "",
                  clock: Callable[[], float] = clock_now, ship_logs: bool = True, c4d_log: Optional[Path] = None,
-                 slurm_dir: Optional[Path] = None):
+                 slurm_dir: Optional[Path] = None, c4d_socket: Optional[Path] = None):
         self.node = node
         # False when Vector ships the log files: every line would arrive twice.
         self.ship_logs = ship_logs
@@ -108,8 +109,12 @@ class Agent:
         self.consumer = bus.consumer([COMMANDS], f"{PREFIX}-agent-{node}", from_beginning=False)
         self._next_batch = self._next_report = 0.0
         self._ready = False
-        # The C4D agent's log on this node: the trusted diagnostic channel.
-        self.c4d = FileFollower(c4d_log, self._c4d_line) if c4d_log else None
+        # The trusted diagnostic channel: the socket C4D's collector writes to
+        # (the instances' processes refused), or C4D's log file.
+        if c4d_socket:
+            self.c4d = C4DSocket(c4d_socket, self._c4d_line, self._c4d_refused, self.control)
+        else:
+            self.c4d = FileFollower(c4d_log, self._c4d_line) if c4d_log else None
         self._stoppers: list[threading.Thread] = []
         self._deferred: list = []  # (stopper thread, start) waiting for a stop to finish
         self._stopping: dict[tuple[str, str], tuple[tuple[int, int], threading.Thread]] = {}
@@ -335,6 +340,10 @@ class Agent:
         if isinstance(item, tuple) and item[0] == "refused":
             self._refused(item[1], item[2])
             return
+        if isinstance(item, tuple) and item[0] == "c4d-refused":
+            self.counters.c4d_refused += 1
+            self._refused(item[1], item[2].encode(), topic="c4d")
+            return
         running = self.running.get((item.job_id, item.instance))
         retiring = False
         if running is None or (running.round, running.start) != (item.round, item.start):
@@ -366,16 +375,20 @@ class Agent:
                                     start=item.start, exit_code=item.exit_code, tail=tuple(running.tail))
             self.producer.send(EVENTS, item.job_id, encode(exited))
 
-    def _refused(self, reason: str, raw: bytes) -> None:
-        """An SDK request the control endpoint refused: a dead letter, for the history."""
+    def _refused(self, reason: str, raw: bytes, topic: str = "sdk") -> None:
+        """An SDK request (or a C4D line) the endpoint refused: a dead letter, for the history."""
         self.counters.dead_letters += 1
         self.producer.send(DEAD_LETTERS, f"agent-{self.node}", encode(DeadLetterMessage(
-            time=self.clock(), service=f"agent-{self.node}", topic="sdk", partition=-1, offset=-1,
+            time=self.clock(), service=f"agent-{self.node}", topic=topic, partition=-1, offset=-1,
             key=self.node, error=reason[:2000], value=raw[:16384].decode("utf-8", errors="replace"))))
 
     def _c4d_line(self, line: str) -> None:
         """From the follower's thread: hand the finding to the main loop."""
         self.inbox.put(("c4d", line))
+
+    def _c4d_refused(self, reason: str, attempt: str) -> None:
+        """From the socket's thread: a job's process wrote to the C4D socket."""
+        self.inbox.put(("c4d-refused", reason, attempt))
 
     def _diagnosis(self, line: str) -> None:
         try:

@@ -19,7 +19,7 @@ from trainwarden.events import Decision, Event, InstanceExited, InstanceStarted,
 from trainwarden.jobspec import JobDefinition
 from trainwarden.notify.bridge import DecisionNotifications, NotifyOptions, report_summary
 from trainwarden.rules.model import RulePack
-from trainwarden.runtime.c4d_source import FileFollower
+from trainwarden.runtime.c4d_source import C4DSocket, FileFollower
 from trainwarden.runtime.clock import now as clock_now
 from trainwarden.runtime.control import ControlServer, PendingReply
 from trainwarden.runtime.inbox import Inbox
@@ -106,7 +106,8 @@ class EmbeddedRun:
     def __init__(self, job: JobDefinition, pack: RulePack, history: HistoryWriter, reporter: Reporter,
                  node: Optional[str] = None, tick_s: float = TICK_S,
                  stack_tools: tuple[str, ...] = DEFAULT_TOOLS, stack_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 c4d_log: Optional[str] = None, notify: Optional[NotifyOptions] = None,
+                 c4d_log: Optional[str] = None, c4d_socket: Optional[str] = None,
+                 notify: Optional[NotifyOptions] = None,
                  market: Optional[MarketProvider] = None, spot: tuple[SpotBid, ...] = (),
                  log_dir: Optional[str] = None):
         self.job = job
@@ -127,6 +128,7 @@ class EmbeddedRun:
         self._report_summaries: dict[str, dict] = {}
         self.supervisor: Optional[Supervisor] = None
         self.c4d_log = c4d_log
+        self.c4d_socket = c4d_socket
         self.notify_options = notify
         self.notifications: Optional[DecisionNotifications] = None
         # Spot jobs: the bids (checked against the market) and the market, polled here at the edge.
@@ -163,8 +165,8 @@ class EmbeddedRun:
                 self.notifications.notifier.close()
             raise
         self.history = RetryingHistory(self.history, self.reporter)
-        # The diagnostic channel: only this file, never the job's own output, may isolate a node.
-        follower = FileFollower(self.c4d_log, self._c4d_line) if self.c4d_log else None
+        # The diagnostic channel: only C4D's collector, never the job's own output, may isolate a node.
+        follower = self._c4d_channel(control)
         status = None
         try:
             submitted = JobSubmitted(job_id=self.job.job_id, time=self.submitted_at, framework=self.job.framework,
@@ -300,6 +302,16 @@ class EmbeddedRun:
     def _notify(self, decision: Decision) -> None:
         if self.notifications is not None:
             self.notifications.decision(decision, self._report_summaries.pop(decision.action_id, None))
+
+    def _c4d_channel(self, control: ControlServer):
+        """The socket C4D's collector writes to (the job's processes refused), or its log file."""
+        if self.c4d_socket:
+            return C4DSocket(self.c4d_socket, self._c4d_line, self._c4d_refused, control)
+        return FileFollower(self.c4d_log, self._c4d_line) if self.c4d_log else None
+
+    def _c4d_refused(self, reason: str, attempt: str) -> None:
+        """A job's process wrote to the C4D socket (its thread): a dead letter, in order."""
+        self.inbox.put(dead_letter(self.job.job_id, "c4d", reason, attempt, clock_now()))
 
     def _c4d_line(self, line: str) -> None:
         """A line of the C4D agent's log (its own thread): a finding goes to the engine."""
