@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 from trainwarden.cli.jsonlines import JsonReporter
@@ -16,7 +17,7 @@ from trainwarden.jobspec import from_command, load_job_file
 from trainwarden.notify.queue import QueueError
 from trainwarden.rules.loader import load_rules
 from trainwarden.runtime.c4d_source import C4DChannelError, c4d_flags_problem
-from trainwarden.services.embedded import EmbeddedRun
+from trainwarden.services.embedded import HISTORY_WAIT_S, EmbeddedRun
 from trainwarden.settings import parse_args_string
 from trainwarden.spot.market import open_market
 from trainwarden.spot.spec import check_bids
@@ -81,9 +82,13 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         return fail(f"--stack-tools: {exc}", hint="for example --stack-tools=pystack,py-spy or --stack-tools=none")
     if not 0.5 <= args.stack_timeout <= 300:
         return fail("--stack-timeout must be from 0.5 to 300 seconds")
+    history_wait = _history_wait(os.environ.get("TRAINWARDEN_HISTORY_WAIT"))
+    if isinstance(history_wait, int):
+        return history_wait
     try:
         result = EmbeddedRun(job, pack, writer, reporter, stack_tools=tools, stack_timeout_s=args.stack_timeout,
-                             **c4d_flags, notify=notify, market=market, spot=bids, log_dir=log_dir).run()
+                             **c4d_flags, notify=notify, market=market, spot=bids, log_dir=log_dir,
+                             history_wait_s=history_wait).run()
     except QueueError as exc:
         return fail(str(exc), hint="give this run its own --notify-dir, or wait for the other one to finish")
     except C4DChannelError as exc:
@@ -92,7 +97,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     if as_json:
         reporter.emit("job_finished", job_id=result.job_id, status=result.status.value, reason=result.reason,
                       restarts=result.rounds, exit_code=result.exit_code, dead_letters=result.dead_letters,
-                      counters=result.counters)
+                      counters=result.counters, lost_records=result.lost_records)
         reporter.flush()
         return result.exit_code
     colour = "green" if result.exit_code == 0 else "red"
@@ -102,6 +107,8 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
                        ("escaped_processes_killed", "escaped child processes killed")):
         if result.counters.get(key):
             extra += f", {result.counters[key]} {label}"
+    if result.lost_records:
+        extra += f", {result.lost_records} history records lost"
     err_console.print(f"[{colour}]trainwarden ▸ job {result.job_id} {result.status.value}[/]"
                       + (f" ({result.reason})" if result.reason else "")
                       + f"; {result.rounds} job restarts{extra}. "
@@ -124,11 +131,23 @@ def _log_dir(raw: str | None) -> str | None | int:
     return str(path)
 
 
+def _history_wait(raw: str | None) -> float | int:
+    """Seconds a finished run waits for room for history records it could not write."""
+    if raw is None or not raw.strip():
+        return HISTORY_WAIT_S
+    text = raw.strip()
+    seconds = float(text) if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) else -1.0
+    if not 0 <= seconds <= 86400:
+        return fail(f"TRAINWARDEN_HISTORY_WAIT={raw!r} is not a number of seconds from 0 to 86400",
+                    hint=f"for example TRAINWARDEN_HISTORY_WAIT=300, or unset it for {HISTORY_WAIT_S:g} s")
+    return seconds
+
+
 def _compact(store_dir: str) -> None:
     """Move this run's spooled records into the database now, if nobody else
     holds the store; otherwise the next reader does it."""
     try:
         with open_reader(store_dir, wait_s=2.0):
             pass  # opening ingests the spool
-    except StoreError:
-        pass
+    except (StoreError, OSError):
+        pass  # a full disk, say: the records stay in the spool, and the run has said what it could not write

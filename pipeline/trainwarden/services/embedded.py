@@ -11,6 +11,7 @@ import dataclasses
 import signal
 import socket
 import threading
+import time
 from typing import Optional, Protocol
 
 from trainwarden.diagnose.collect import DEFAULT_TIMEOUT_S, DEFAULT_TOOLS
@@ -32,6 +33,10 @@ from trainwarden.supervision.intake import channel_line, dead_letter, refused_re
 from trainwarden.supervision.stack_reports import StackReports
 
 TICK_S = 0.2  # bounds detection latency of the timers to well under a second
+# How long a finished run keeps retrying history records it could not write
+# (a full disk) before it gives up and says how many were lost.
+HISTORY_WAIT_S = 60.0
+_HISTORY_RETRY_S = 0.5
 
 
 class Reporter(Protocol):
@@ -51,29 +56,68 @@ class HistoryWriter(Protocol):
 class RetryingHistory:
     """A history writer that never stops the job's supervision: a failed
     write (disk full, store removed) is kept and retried with the next one,
-    and reported once."""
+    oldest first, and reported once per outage. At most MAX_BACKLOG records
+    wait; beyond that the oldest are dropped, and counted."""
 
     MAX_BACKLOG = 100_000
+    # Records per retried segment: a disk with a little room again takes some.
+    CHUNK = 1_000
 
     def __init__(self, inner: HistoryWriter, reporter: "Reporter"):
         self.inner = inner
         self.reporter = reporter
         self.backlog: list = []
         self.failed_writes = 0
+        self.dropped = 0
+        self.reason = ""  # why the last write failed
+        self._failing = False
         self._lock = threading.Lock()  # SDK refusals are written from the control server's threads
 
     def write(self, records: list) -> None:
         with self._lock:
             self.backlog.extend(records)
+            self._drain()
+
+    def retry(self) -> bool:
+        """One more attempt at the kept records; True once none is left."""
+        with self._lock:
+            return self._drain()
+
+    def _drain(self) -> bool:
+        while self.backlog:
+            chunk = self.backlog[: self.CHUNK]
             try:
-                self.inner.write(self.backlog)
+                self.inner.write(chunk)
             except Exception as exc:  # noqa: BLE001 - any store failure is reported, never fatal here
-                self.failed_writes += 1
-                if self.failed_writes == 1:
-                    self.reporter.info(f"history write failed ({exc}); records are kept and retried")
-                del self.backlog[: max(0, len(self.backlog) - self.MAX_BACKLOG)]
-                return
-            self.backlog = []
+                self._failed(exc)
+                return False
+            del self.backlog[: len(chunk)]
+        if self._failing:
+            self._failing = False
+            self.reporter.info("history writes work again; the kept records are written")
+        return True
+
+    def _failed(self, exc: Exception) -> None:
+        self.failed_writes += 1
+        self.reason = _write_failure(exc)
+        if not self._failing:
+            self._failing = True
+            self.reporter.info(f"history write failed ({str(exc).rstrip('.')}); records are kept and retried")
+        overflow = len(self.backlog) - self.MAX_BACKLOG
+        if overflow > 0:
+            if not self.dropped:
+                self.reporter.info(f"more than {self.MAX_BACKLOG} history records wait to be written: the oldest "
+                                   f"are dropped from now on, and counted")
+            del self.backlog[:overflow]
+            self.dropped += overflow
+
+
+def _write_failure(exc: Exception) -> str:
+    """The system's reason (``No space left on device``) when there is one."""
+    cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror
+    return str(exc).rstrip(".")
 
 
 class _CurrentHistory:
@@ -96,10 +140,11 @@ class RunResult:
     decisions: int
     dead_letters: int
     counters: dict = dataclasses.field(default_factory=dict)
+    lost_records: int = 0  # history records never written (a full disk that stayed full)
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.status is JobStatus.SUCCEEDED else 1
+        return 0 if self.status is JobStatus.SUCCEEDED and not self.lost_records else 1
 
 
 class EmbeddedRun:
@@ -109,7 +154,7 @@ class EmbeddedRun:
                  c4d_log: Optional[str] = None, c4d_socket: Optional[str] = None,
                  notify: Optional[NotifyOptions] = None,
                  market: Optional[MarketProvider] = None, spot: tuple[SpotBid, ...] = (),
-                 log_dir: Optional[str] = None):
+                 log_dir: Optional[str] = None, history_wait_s: float = HISTORY_WAIT_S):
         self.job = job
         self.pack = pack
         self.history = history
@@ -137,6 +182,8 @@ class EmbeddedRun:
             if market is not None and spot else None
         self.logs = InstanceLogs(log_dir, reporter.info) if log_dir else None
         self._lifecycle = getattr(reporter, "lifecycle", None)
+        self.history_wait_s = history_wait_s
+        self._hurry = False  # a further interrupt while the run ends: stop waiting for the history
 
     def run(self) -> RunResult:
         if self.notify_options is not None:
@@ -195,11 +242,37 @@ class EmbeddedRun:
                 supervisor.write_job(final, reason=self.state.final_reason if self.state else "",
                                      restarts=self.state.job_restarts if self.state else 0)
                 self._close_notifications()
-                if self.history.backlog:
-                    self.reporter.info(f"{len(self.history.backlog)} history records could not be written")
+                lost = self._settle_history()
         counters = dataclasses.asdict(runner.runtime.counters)
         return RunResult(self.job.job_id, final, self.state.final_reason if self.state else "",
-                         self.state.job_restarts if self.state else 0, self.decisions, self.dead_letters, counters)
+                         self.state.job_restarts if self.state else 0, self.decisions, self.dead_letters, counters,
+                         lost_records=lost)
+
+    def _settle_history(self) -> int:
+        """Records still unwritten at the end (a full disk) get a bounded
+        wait for space, said out loud; how many are lost in the end."""
+        history = self.history
+        if not isinstance(history, RetryingHistory):
+            return 0
+        if history.backlog:
+            self.reporter.info(f"{len(history.backlog)} history records are not written yet "
+                               f"({history.reason}); waiting up to {self.history_wait_s:g} s for space "
+                               f"(TRAINWARDEN_HISTORY_WAIT sets how long)")
+            self.reporter.flush()
+            deadline = time.monotonic() + self.history_wait_s
+            try:
+                while not history.retry() and time.monotonic() < deadline and not self._hurry:
+                    time.sleep(min(_HISTORY_RETRY_S, max(0.0, deadline - time.monotonic())))
+            except KeyboardInterrupt:
+                pass  # the user would rather stop than wait: what is left is counted below
+        lost = len(history.backlog) + history.dropped
+        if lost:
+            why = [f"{len(history.backlog)} could not be written in {self.history_wait_s:g} s ({history.reason})"] \
+                if history.backlog else []
+            if history.dropped:
+                why.append(f"{history.dropped} were dropped beyond the backlog of {history.MAX_BACKLOG}")
+            self.reporter.info(f"{lost} history records of this run were lost: {' and '.join(why)}")
+        return lost
 
     def _close_notifications(self) -> None:
         """The last deliveries, after the job's outcome is stored: waiting for a
@@ -218,6 +291,7 @@ class EmbeddedRun:
             return
 
         def kill_now(signum, frame):
+            self._hurry = True
             runner.runtime.kill_all()
 
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
