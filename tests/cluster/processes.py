@@ -73,14 +73,36 @@ class ServiceProcesses:
         env = dict(self.env)
         if os.environ.get("TRAINWARDEN_TEST_KAFKA_DEBUG"):
             env["TRAINWARDEN_KAFKA_DEBUG"] = str(self.tmp / f"agent-{node}.kafka-debug")
-        (self.tmp / f"c4d-{node}.log").touch()
+        import queue
+        import tempfile
+        import threading
+
+        from trainwarden.runtime.c4d_source import FileFollower, forward
+
+        # C4D's own log (tests write findings to it) and the agent's C4D socket
+        # (short: a Unix socket path holds at most 108 bytes).
+        c4d_log = self.tmp / f"c4d-{node}.log"
+        c4d_log.touch()
+        c4d_socket = Path(tempfile.gettempdir()) / f"tw-c4d-{self.prefix}-{node}.sock"
         proc = subprocess.Popen([*TRAINWARDEN, "agent", "--node", node, "--slots", str(self.slots),
                                  "--log-dir", str(self.tmp / f"logs-{node}"), "--address", "127.0.0.1",
-                                 "--c4d-log", str(self.tmp / f"c4d-{node}.log"),
+                                 "--c4d-socket", str(c4d_socket),
                                  *(["--slurm-dir", str(self.slurm_dir)] if self.slurm_dir else []),
                                  *self._metrics_args(f"agent-{node}")],
                                 env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         self.procs[f"agent-{node}"] = proc
+        # C4D's collector for as long as this agent lives: this test process,
+        # which no job started, forwards what is written to c4d-NODE.log.
+        pending: queue.Queue = queue.Queue()
+        agent_gone = threading.Event()
+        follower = FileFollower(c4d_log, pending.put)
+
+        def collect() -> None:
+            forward(str(c4d_socket), pending, agent_gone)
+            follower.close()
+
+        threading.Thread(target=collect, name=f"c4d-collector-{node}", daemon=True).start()
+        threading.Thread(target=lambda: (proc.wait(), agent_gone.set()), daemon=True).start()
         return proc
 
     def _metrics_args(self, name: str) -> list[str]:

@@ -270,10 +270,14 @@ MAX_PENDING = 10_000
 
 def forward(socket_path: str, lines: "queue.Queue[Optional[str]]", stop: threading.Event) -> None:
     """Send each queued line to the socket; reconnect (and resend) while the
-    supervisor is away. None in the queue ends it once everything before it is sent."""
+    supervisor is away. None in the queue ends it once everything before it
+    is sent; ``stop`` ends it at once."""
     conn: Optional[socket.socket] = None
-    while True:
-        line = lines.get()
+    while not stop.is_set():
+        try:
+            line = lines.get(timeout=RECONNECT_S)
+        except queue.Empty:
+            continue
         if line is None:
             break
         data = (line + "\n").encode("utf-8", errors="replace")
