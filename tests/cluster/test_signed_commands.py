@@ -74,6 +74,14 @@ def _start_command(cluster, node: str, marker, job_id: str) -> StartInstance:
                          command=("sh", "-c", f"id >> {marker}"))
 
 
+def _send_signed(cluster, kid: str, node: str, marker, job_id: str) -> None:
+    """A genuine start command, signed with key ``kid``, that appends ``id`` to ``marker``."""
+    producer = _signed_bus(cluster, kid).producer()
+    producer.send(cluster.topic("commands"), node, encode(_start_command(cluster, node, marker, job_id)))
+    producer.flush(30)
+    producer.close()
+
+
 def _dead_letters(cluster) -> list[dict]:
     consumer = _signed_bus(cluster, "k2").consumer([cluster.topic("deadletter")], None, from_beginning=True)
     try:
@@ -122,10 +130,9 @@ def test_a_forged_command_and_a_forged_isolation_are_dead_lettered_and_nothing_r
                       time=time.time(), round=0, action_id=uuid.uuid4().hex, node=node)
     plain.send(cluster.topic("decisions"), key=b"forged-iso", value=encode(forged))
     plain.flush(30)
+    plain.close()
     # A genuine command behind the forged one, on the same partition: once it ran, the forged one was judged.
-    producer = _signed_bus(cluster, "k2").producer()
-    producer.send(cluster.topic("commands"), node, encode(_start_command(cluster, node, genuine_marker, "genuine")))
-    producer.flush(30)
+    _send_signed(cluster, "k2", node, genuine_marker, "genuine")
     wait_for(genuine_marker.exists, 60, "the genuine command to run")
     _wait_for_letter(cluster, "agent", "unsigned", "forged-start")
     assert not forged_marker.exists()
@@ -149,9 +156,7 @@ def test_a_genuine_command_copied_and_produced_again_is_dead_lettered_as_replaye
 
     node = cluster.node_names[1]
     marker = cluster.tmp / "replayed-ran"
-    producer = _signed_bus(cluster, "k2").producer()
-    producer.send(cluster.topic("commands"), node, encode(_start_command(cluster, node, marker, "replay-me")))
-    producer.flush(30)
+    _send_signed(cluster, "k2", node, marker, "replay-me")
     wait_for(marker.exists, 60, "the genuine command to run")
     assert marker.read_text().count("uid=") == 1
     # The attacker reads the signed record and produces its exact bytes again.
@@ -165,6 +170,7 @@ def test_a_genuine_command_copied_and_produced_again_is_dead_lettered_as_replaye
     plain = _plain_producer(cluster.bootstrap)
     plain.send(cluster.topic("commands"), key=original.key, value=original.value)
     plain.flush(30)
+    plain.close()
     letter = _wait_for_letter(cluster, "agent", "replayed", "replay-me")
     assert "was read before at partition" in letter["error"]
     assert marker.read_text().count("uid=") == 1
@@ -175,10 +181,7 @@ def test_a_key_rotated_out_is_refused_while_both_keys_of_the_keyring_verify(clus
     node = cluster.node_names[0]
     markers = {kid: cluster.tmp / f"signed-by-{kid}" for kid in ("k0", "k1", "k2")}
     for kid in ("k0", "k1", "k2"):  # k0 was removed from the services' keyring
-        producer = _signed_bus(cluster, kid).producer()
-        producer.send(cluster.topic("commands"), node,
-                      encode(_start_command(cluster, node, markers[kid], f"rotation-{kid}")))
-        producer.flush(30)
+        _send_signed(cluster, kid, node, markers[kid], f"rotation-{kid}")
     wait_for(lambda: markers["k1"].exists() and markers["k2"].exists(), 60, "the k1 and k2 commands to run")
     _wait_for_letter(cluster, "agent", "unknown key id k0", "rotation-k0")
     assert not markers["k0"].exists()
@@ -192,9 +195,8 @@ def test_poison_before_a_valid_signed_command_costs_it_nothing(cluster):
     plain.send(cluster.topic("commands"), key=node.encode(), value=b"{not json at all poison-1")
     plain.send(cluster.topic("commands"), key=node.encode(), value=b'{"poison-2":' + b"[" * 10_000 + b"]" * 10_000)
     plain.flush(30)
-    producer = _signed_bus(cluster, "k2").producer()
-    producer.send(cluster.topic("commands"), node, encode(_start_command(cluster, node, marker, "after-poison")))
-    producer.flush(30)
+    plain.close()
+    _send_signed(cluster, "k2", node, marker, "after-poison")
     wait_for(marker.exists, 60, "the valid command behind the poison to run")
     _wait_for_letter(cluster, "agent", "unsigned", "poison-1")
     _wait_for_letter(cluster, "agent", "unsigned", "poison-2")
