@@ -241,6 +241,9 @@ def _bootstrap(parser: argparse.ArgumentParser) -> None:
     flag("SSL_CERTFILE", "PEM client certificate, for brokers that ask for one", metavar="FILE")
     flag("SSL_KEYFILE", "PEM private key of the client certificate", metavar="FILE")
     flag("SSL_KEY_PASSWORD_FILE", "file holding the client key's password, if it is encrypted", metavar="FILE")
+    # Without it argparse would take --kafka-sasl-password for an abbreviation
+    # of --kafka-sasl-password-file, and a password for a file name.
+    security.add_argument("--kafka-sasl-password", action=_PasswordFlagRefused, nargs="?", help=argparse.SUPPRESS)
 
 
 class _ExportedToEnv(argparse.Action):
@@ -256,6 +259,13 @@ class _ExportedToEnv(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         setattr(namespace, self.dest, values)
         os.environ[self.env] = values
+
+
+class _PasswordFlagRefused(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        # The value is not repeated: it is a password.
+        parser.error("--kafka-sasl-password is not an option: a password on the command line shows in ps; "
+                     "give --kafka-sasl-password-file FILE or $TRAINWARDEN_KAFKA_SASL_PASSWORD")
 
 
 def _metrics_address(text: str):
