@@ -3,21 +3,24 @@
 A SIGKILLed ``trainwarden run`` or agent runs no code, and the parent-death
 signal of its instances reaches only their first process: a shell's children,
 a launcher's workers and daemons that called setsid would live on with parent
-1. So every ``LocalRuntime`` starts one keeper process that holds the read end
-of a pipe from it and learns each instance's process group as it starts. The
-kernel closes the pipe when the runtime's process ends, in any way; at that
-end of file the keeper kills every process of those groups and sessions and
-every process whose environment carries the runtime's mark (which finds
-descendants that left both), then exits.
+1. So the process that runs local runtimes starts one keeper process (shared
+by all of them, started with the first and ended with the last) that holds
+the read end of a pipe from it and learns each instance's process group as it
+starts. The kernel closes the pipe when that process ends, in any way; at that
+end of file the keeper kills every process of the groups and sessions it was
+told of and every process whose environment carries a runtime's mark (which
+finds descendants that left both), then exits.
 
 An orderly runtime stops its instances itself (with their grace period) and
-tells the keeper ``close``: then nothing is killed. The keeper is standard
-library only and runs as a script (``python -I -S keeper.py MARK``), so that
-it starts in milliseconds and never imports the job's or our packages.
+releases its lease: then nothing is killed. The keeper is standard library
+only and runs as a script (``python -I -S keeper.py``), so that it starts in
+milliseconds and never imports the job's or our packages.
 
-Lines on the pipe: ``group PGID`` (an instance started in its own session,
-PGID = its pid), ``ended PGID`` (it was reaped and its orphans killed),
-``close`` (orderly end).
+Lines on the pipe (MARK is a runtime's mark, PGID an instance's pid, which is
+its process group and session): ``mark MARK``, ``group MARK PGID``,
+``ended MARK PGID`` (reaped, its orphans killed), ``release MARK`` (the
+runtime closed: what it still watches is killed), ``close`` (the last lease
+ended).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 MARK_VARIABLE = "TRAINWARDEN_PROCESS_MARK"
 _PR_SET_PDEATHSIG = 1
@@ -47,9 +51,9 @@ def carries(environ: bytes, prefix: bytes) -> bool:
     return environ.startswith(prefix) or b"\0" + prefix in environ
 
 
-def marked_processes(prefix: bytes, groups: Iterable[int] = ()) -> list[int]:
+def marked_processes(prefixes: Sequence[bytes], groups: Iterable[int] = ()) -> list[int]:
     """Live processes (not zombies, not this one) in one of ``groups`` (as
-    process group or session) or whose environment carries ``prefix``."""
+    process group or session) or whose environment carries one of ``prefixes``."""
     groups = set(groups)
     own = os.getpid()
     found = []
@@ -62,15 +66,18 @@ def marked_processes(prefix: bytes, groups: Iterable[int] = ()) -> list[int]:
             fields = stat[stat.rindex(b")") + 2:].split()
             if fields[0] == b"Z":
                 continue
-            if int(fields[2]) in groups or int(fields[3]) in groups or \
-                    (prefix and carries((entry / "environ").read_bytes(), prefix)):
+            if int(fields[2]) in groups or int(fields[3]) in groups:
                 found.append(int(entry.name))
+            elif prefixes:
+                environ = (entry / "environ").read_bytes()
+                if any(carries(environ, prefix) for prefix in prefixes):
+                    found.append(int(entry.name))
         except (OSError, ValueError, IndexError):
             continue  # it ended while we looked, or it is not ours to read
     return found
 
 
-def sweep(prefix: bytes, groups: Iterable[int], limit_s: float = SWEEP_LIMIT_S) -> int:
+def sweep(prefixes: Sequence[bytes], groups: Iterable[int], limit_s: float = SWEEP_LIMIT_S) -> int:
     """SIGKILL those processes until none is left (a process forking while
     it is killed leaves a child to find on the next pass); how many."""
     groups = set(groups)
@@ -82,7 +89,7 @@ def sweep(prefix: bytes, groups: Iterable[int], limit_s: float = SWEEP_LIMIT_S) 
         except OSError:
             pass
     while True:
-        victims = marked_processes(prefix, groups)
+        victims = marked_processes(prefixes, groups)
         if not victims or time.monotonic() > deadline:
             return killed
         for pid in victims:
@@ -97,37 +104,46 @@ def sweep(prefix: bytes, groups: Iterable[int], limit_s: float = SWEEP_LIMIT_S) 
 # ---------------------------------------------------------------- the runtime's side
 
 
-class Keeper:
-    """The runtime's handle on its keeper process. Never raises: without a
-    keeper the runtime still runs (its instances keep their parent-death
-    signal), and says so once."""
+class _Keeper:
+    """The process's keeper: the write end of its pipe. Never raises: without
+    a keeper the runtimes still run (their instances keep their parent-death
+    signal), and say so once."""
 
-    def __init__(self, mark: str):
-        self.mark = mark
+    def __init__(self):
         self._write: Optional[int] = None
         self._process: Optional[subprocess.Popen] = None
-        self._warned = False
+        self.leases = 0
         try:
             read, self._write = os.pipe()  # both ends close-on-exec: no instance inherits them
             try:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-I", "-S", str(Path(__file__).resolve()), mark],
+                    [sys.executable, "-I", "-S", str(Path(__file__).resolve())],
                     stdin=read, stdout=subprocess.DEVNULL, env=_keeper_env(), start_new_session=True)
             finally:
                 os.close(read)
         except OSError as exc:
             self._broken(exc)
 
-    def watch(self, pgid: int) -> None:
-        self._send(f"group {pgid}\n")
+    @property
+    def working(self) -> bool:
+        return self._write is not None
 
-    def forget(self, pgid: int) -> None:
-        self._send(f"ended {pgid}\n")
+    @property
+    def pid(self) -> Optional[int]:
+        return self._process.pid if self._process is not None else None
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """An orderly end: the keeper exits, killing only groups still watched."""
-        self._send("close\n")
-        self._close_pipe()
+    def send(self, line: str) -> None:
+        if self._write is None:
+            return
+        try:
+            os.write(self._write, line.encode())  # one short write: atomic between threads
+        except OSError as exc:
+            self.close_pipe()
+            self._broken(exc)
+
+    def end(self, timeout_s: float = 5.0) -> None:
+        self.send("close\n")
+        self.close_pipe()
         if self._process is not None:
             try:
                 self._process.wait(timeout_s)
@@ -135,20 +151,7 @@ class Keeper:
                 self._process.kill()
                 self._process.wait()
 
-    @property
-    def pid(self) -> Optional[int]:
-        return self._process.pid if self._process is not None else None
-
-    def _send(self, line: str) -> None:
-        if self._write is None:
-            return
-        try:
-            os.write(self._write, line.encode())  # one short write: atomic between threads
-        except OSError as exc:
-            self._close_pipe()
-            self._broken(exc)
-
-    def _close_pipe(self) -> None:
+    def close_pipe(self) -> None:
         fd, self._write = self._write, None
         if fd is not None:
             try:
@@ -157,11 +160,68 @@ class Keeper:
                 pass
 
     def _broken(self, exc: BaseException) -> None:
+        global _warned
         self._write = None
-        if not self._warned:
-            self._warned = True
+        if not _warned:
+            _warned = True
             print(f"trainwarden: no keeper for the instances' descendants ({exc}); if this process is "
                   f"killed, processes the instances started may outlive it", file=sys.stderr)
+
+
+_shared: Optional[_Keeper] = None
+_shared_lock = threading.Lock()
+_warned = False
+
+
+def _forget_in_child() -> None:
+    """A forked child must not hold the pipe open: the keeper would miss its parent's death."""
+    global _shared
+    if _shared is not None:
+        _shared.close_pipe()
+    _shared = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+class KeeperLease:
+    """A runtime's use of the process's keeper, from creation to ``close``."""
+
+    def __init__(self, mark: str):
+        global _shared
+        self.mark = mark
+        with _shared_lock:
+            if _shared is None or not _shared.working:
+                _shared = _Keeper()
+            self._keeper = _shared
+            self._keeper.leases += 1
+            self._keeper.send(f"mark {mark}\n")
+        self._closed = False
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._keeper.pid
+
+    def watch(self, pgid: int) -> None:
+        self._keeper.send(f"group {self.mark} {pgid}\n")
+
+    def forget(self, pgid: int) -> None:
+        self._keeper.send(f"ended {self.mark} {pgid}\n")
+
+    def close(self) -> None:
+        """The runtime's orderly end; the last lease ends the keeper."""
+        global _shared
+        with _shared_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._keeper.send(f"release {self.mark}\n")
+            self._keeper.leases -= 1
+            if self._keeper.leases > 0:
+                return
+            if _shared is self._keeper:
+                _shared = None
+        self._keeper.end()
 
 
 def _keeper_env() -> dict:
@@ -183,8 +243,36 @@ def _die_with_parent(sig: int) -> None:
         pass
 
 
-def keep(mark: str, source: int = 0) -> int:
-    prefix = environment_mark(mark)
+class _Watched:
+    """What the keeper was told: each runtime's mark and its instances' groups."""
+
+    def __init__(self):
+        self.groups: dict[str, set[int]] = {}
+
+    def told(self, line: bytes) -> bool:
+        """Take one line; False once it says the last runtime closed."""
+        words = line.decode("ascii", "replace").split()
+        if words == ["close"]:
+            return False
+        if len(words) == 2 and words[0] == "mark":
+            self.groups.setdefault(words[1], set())
+        elif len(words) == 2 and words[0] == "release":
+            left = self.groups.pop(words[1], set())
+            if left:  # closed while an instance it watched still runs: it must not outlive its runtime
+                sweep([environment_mark(words[1])], left)
+        elif len(words) == 3 and words[0] in ("group", "ended") and words[2].isdigit():
+            groups = self.groups.setdefault(words[1], set())
+            (groups.add if words[0] == "group" else groups.discard)(int(words[2]))
+        return True
+
+    def sweep(self) -> int:
+        if not self.groups:
+            return 0
+        prefixes = [environment_mark(mark) for mark in self.groups]
+        return sweep(prefixes, set().union(*self.groups.values()))
+
+
+def keep(source: int = 0) -> int:
     parent = os.getppid()
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # a terminal's signals are for the run, which tells us
@@ -193,7 +281,7 @@ def keep(mark: str, source: int = 0) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGUSR1, lambda signum, frame: None)
     _die_with_parent(signal.SIGUSR1)
-    groups: set[int] = set()
+    watched = _Watched()
     pending = b""
     while True:
         ready, _, _ = select.select([source, wake_r], [], [], _PARENT_CHECK_S)
@@ -208,17 +296,12 @@ def keep(mark: str, source: int = 0) -> int:
             break
         *lines, pending = (pending + data).split(b"\n")
         for line in lines:
-            word, _, value = line.decode("ascii", "replace").partition(" ")
-            if word == "close":
-                if groups:
-                    sweep(prefix, groups)
+            if not watched.told(line):
                 return 0
-            if value.isdigit() and word in ("group", "ended"):
-                (groups.add if word == "group" else groups.discard)(int(value))
-    killed = sweep(prefix, groups)
+    killed = watched.sweep()
     if killed:
         try:
-            print(f"trainwarden keeper: the runtime ended without stopping its instances; "
+            print(f"trainwarden keeper: the runtimes ended without stopping their instances; "
                   f"killed {killed} processes they left", file=sys.stderr, flush=True)
         except OSError:
             pass
@@ -226,7 +309,8 @@ def keep(mark: str, source: int = 0) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not sys.argv[1]:
-        print("usage: keeper.py MARK (started by trainwarden's local runtime)", file=sys.stderr)
+    if len(sys.argv) != 1:
+        print("usage: keeper.py (started by trainwarden's local runtime, reads its standard input)",
+              file=sys.stderr)
         sys.exit(2)
-    sys.exit(keep(sys.argv[1]))
+    sys.exit(keep())

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence
 
 from trainwarden.events import Event, InstanceExited, InstanceStarted, LogLine, Stream
 from trainwarden.runtime.clock import now
-from trainwarden.runtime.keeper import MARK_VARIABLE, Keeper, carries, environment_mark
+from trainwarden.runtime.keeper import MARK_VARIABLE, KeeperLease, carries, environment_mark
 
 MAX_LINE_BYTES = 16 * 1024
 POLL_S = 0.05
@@ -94,7 +94,7 @@ class LocalRuntime:
         # reaps what one incarnation started.
         self._mark = secrets.token_hex(8)
         self._starts = 0
-        self._keeper = Keeper(self._mark)
+        self._keeper = KeeperLease(self._mark)
         self._thread = threading.Thread(target=self._io_loop, name="runtime-io", daemon=True)
         self._thread.start()
 
