@@ -455,5 +455,6 @@ def describe(bus) -> str:
     if not isinstance(bus, SigningBus):
         return "messages unsigned"
     keyring = bus.config.keyring
-    return (f"messages signed with key id {keyring.signing_id} ({len(keyring.ids)} key id"
-            f"{'s' if len(keyring.ids) != 1 else ''} verify)")
+    count = len(keyring.ids)
+    verify = "key id verifies" if count == 1 else "key ids verify"
+    return f"messages signed with key id {keyring.signing_id} ({count} {verify})"
