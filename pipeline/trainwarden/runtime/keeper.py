@@ -81,7 +81,7 @@ def sweep(prefixes: Sequence[bytes], groups: Iterable[int], limit_s: float = SWE
     """SIGKILL those processes until none is left (a process forking while
     it is killed leaves a child to find on the next pass); how many."""
     groups = set(groups)
-    killed = 0
+    killed: set[int] = set()
     deadline = time.monotonic() + limit_s
     for group in groups:
         try:
@@ -91,11 +91,11 @@ def sweep(prefixes: Sequence[bytes], groups: Iterable[int], limit_s: float = SWE
     while True:
         victims = marked_processes(prefixes, groups)
         if not victims or time.monotonic() > deadline:
-            return killed
+            return len(killed)
         for pid in victims:
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
+                killed.add(pid)
             except OSError:
                 pass
         time.sleep(0.01)
