@@ -4,6 +4,7 @@ and the password shows nowhere."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -209,8 +210,6 @@ def test_an_encrypted_client_key_without_its_password_is_refused(pki):
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    import os
-
     full = {k: v for k, v in os.environ.items() if not k.startswith(P)}
     full.update(env, PYTHONPATH=str(ROOT / "pipeline"))
     return subprocess.run([*TRAINWARDEN, *args], env=full, capture_output=True, text=True, timeout=60)
@@ -246,3 +245,17 @@ def test_a_password_given_as_a_flag_is_refused_without_repeating_it(form):
 def test_help_shows_no_password_from_the_environment():
     out = cli("agent", "--help", env={P + "SASL_PASSWORD": PASSWORD})
     assert out.returncode == 0 and "--kafka-sasl-password-file" in out.stdout and PASSWORD not in out.stdout
+
+
+def test_a_flag_overrides_its_variable_without_entering_the_environment_an_agent_passes_on(monkeypatch, pki):
+    from trainwarden.bus import kafka_security
+
+    monkeypatch.setattr(kafka_security, "_FLAG_VALUES", {})
+    monkeypatch.setenv(P + "SECURITY_PROTOCOL", "PLAINTEXT")
+    kafka_security.set_by_flag("SECURITY_PROTOCOL", "SSL")
+    kafka_security.set_by_flag("SSL_CAFILE", str(pki["ca.pem"]))
+    security = KafkaSecurity.from_env()
+    assert (security.protocol, security.cafile) == ("SSL", str(pki["ca.pem"]))
+    assert os.environ[P + "SECURITY_PROTOCOL"] == "PLAINTEXT" and P + "SSL_CAFILE" not in os.environ
+    with pytest.raises(ValueError):
+        kafka_security.set_by_flag("SASL_PASSWORD", PASSWORD)

@@ -11,8 +11,9 @@ environment, checked strictly before any client is made.
     TRAINWARDEN_KAFKA_SSL_KEYFILE
     TRAINWARDEN_KAFKA_SSL_KEY_PASSWORD_FILE  when the client key is encrypted
 
-The CLI's flags (--kafka-security-protocol, ...) set these variables in its
-own process before the bus is opened. Passwords are held in ``Secret``, whose
+The CLI's flags (--kafka-security-protocol, ...) override the variables
+through ``set_by_flag``, without entering the process's environment: an
+agent's environment is that of every instance it starts. Passwords are held in ``Secret``, whose
 repr and str never show them; no error names a password, only its source.
 """
 
@@ -43,6 +44,17 @@ SETTINGS = {
     "SSL_KEYFILE": "--kafka-ssl-keyfile",
     "SSL_KEY_PASSWORD_FILE": "--kafka-ssl-key-password-file",
 }
+
+
+# What the command line gave, by setting; see set_by_flag.
+_FLAG_VALUES: dict[str, str] = {}
+
+
+def set_by_flag(setting: str, value: str) -> None:
+    """A flag's value for ``from_env()``, over its variable (the CLI calls it while parsing)."""
+    if setting not in SETTINGS or SETTINGS[setting] is None:
+        raise ValueError(f"no flag sets {setting}")
+    _FLAG_VALUES[setting] = value
 
 
 def source(setting: str) -> str:
@@ -131,7 +143,11 @@ class KafkaSecurity:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "KafkaSecurity":
-        env = os.environ if environ is None else environ
+        """From ``environ``; by default this process's environment with the flags given over it."""
+        if environ is None:
+            env = dict(os.environ, **{ENV_PREFIX + setting: value for setting, value in _FLAG_VALUES.items()})
+        else:
+            env = environ
 
         def get(setting: str) -> str:
             return env.get(ENV_PREFIX + setting, "").strip()

@@ -226,8 +226,8 @@ def _bootstrap(parser: argparse.ArgumentParser) -> None:
 
     def flag(setting: str, help: str, **kwargs) -> None:
         env = kafka_security.ENV_PREFIX + setting
-        security.add_argument(kafka_security.SETTINGS[setting], action=_ExportedToEnv, env=env, default=None,
-                              help=f"{help} [env {env}]", **kwargs)
+        security.add_argument(kafka_security.SETTINGS[setting], action=_KafkaSecurityFlag, setting=setting,
+                              default=None, help=f"{help} [env {env}]", **kwargs)
 
     flag("SECURITY_PROTOCOL", "how to reach the brokers (default PLAINTEXT)",
          type=_choice(*kafka_security.PROTOCOLS), metavar="PROTOCOL")
@@ -246,19 +246,20 @@ def _bootstrap(parser: argparse.ArgumentParser) -> None:
     security.add_argument("--kafka-sasl-password", action=_PasswordFlagRefused, nargs="?", help=argparse.SUPPRESS)
 
 
-class _ExportedToEnv(argparse.Action):
-    """A Kafka security flag. The bus reads these settings from the
-    environment (KafkaSecurity.from_env, checked there with the variable and
-    the flag named), so a flag given on the command line sets its variable in
-    this process, over the inherited one, before any bus is opened."""
+class _KafkaSecurityFlag(argparse.Action):
+    """A Kafka security flag. Every bus reads these settings where the
+    variables are read (KafkaSecurity.from_env, which checks them naming the
+    variable and the flag), so a flag given on the command line is handed
+    there while parsing, before any bus is opened; it is not exported into
+    the environment, which an agent passes on to its instances."""
 
-    def __init__(self, option_strings, dest, env: str, **kwargs):
+    def __init__(self, option_strings, dest, setting: str, **kwargs):
         super().__init__(option_strings, dest, **kwargs)
-        self.env = env
+        self.setting = setting
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         setattr(namespace, self.dest, values)
-        os.environ[self.env] = values
+        kafka_security.set_by_flag(self.setting, values)
 
 
 class _PasswordFlagRefused(argparse.Action):
