@@ -3,6 +3,7 @@ shape (real agents, processor and actuator on a real Kafka broker,
 TRAINWARDEN_KAFKA): the agent's C4D socket and another job's SDK endpoint."""
 
 import os
+import subprocess
 import sys
 import time
 
@@ -87,3 +88,20 @@ def test_a_process_of_another_job_cannot_use_a_jobs_sdk_on_the_cluster(services,
     records = services.history(victim)
     assert [(r["action"], r["error_source"]) for r in records if r["result"] == "done"] == [("restart_job", "hang")]
     assert not any("forged by B" in str(r) for r in records)
+
+
+def test_an_agent_refuses_at_start_a_c4d_log_the_instances_user_can_write(tmp_path):
+    bootstrap = os.environ.get("TRAINWARDEN_KAFKA")
+    if not bootstrap:
+        pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
+    from tests.conftest import ROOT, TRAINWARDEN
+
+    log = tmp_path / "c4d.log"
+    log.touch()
+    done = subprocess.run([*TRAINWARDEN, "agent", "--node", "refusing", "--log-dir", str(tmp_path / "logs"),
+                           "--c4d-log", str(log), "--bootstrap", bootstrap], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT / "pipeline")))
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done
+    assert f"--c4d-log {log}" in said and "writable by the user the instances run as" in said, said
+    assert "--c4d-socket" in said, said

@@ -35,7 +35,15 @@ def send_c4d(path, lines) -> None:
         conn.sendall("".join(line + "\n" for line in lines).encode())
 
 
-def _run_with_channel(store, job_id, channel, lines, *behave, extra=(), extra_env=None):
+def forward_c4d(path, lines) -> None:
+    """The same through the shipped forwarder, as an operator would run it next to C4D."""
+    done = subprocess.run([sys.executable, "-m", "trainwarden.runtime.c4d_source", "--socket", str(path)],
+                          input="".join(line + "\n" for line in lines), text=True, capture_output=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "pipeline")))
+    assert done.returncode == 0, done.stderr
+
+
+def _run_with_channel(store, job_id, channel, lines, *behave, extra=(), extra_env=None, collector=send_c4d):
     env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT / "pipeline"),
                TRAINWARDEN_C4D_SOCKET=str(channel), **(extra_env or {}))
     output = channel.with_name(channel.name + ".run-out")
@@ -49,14 +57,14 @@ def _run_with_channel(store, job_id, channel, lines, *behave, extra=(), extra_en
         deadline = time.monotonic() + 60
         while "[worker-" not in output.read_text() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        send_c4d(channel, lines)
+        collector(channel, lines)
         _, err = proc.communicate(timeout=120)
     return proc.returncode, output.read_text(), err
 
 
 def test_a_c4d_error_from_the_channel_isolates_the_node_and_restarts_the_job(store, job_id, tmp_path, history):
-    code, out, err = _run_with_channel(store, job_id, tmp_path / "c4d.sock", [ERROR], "--steps", "60", "--step-s", "0.1",
-                                       "--fail-rounds", "none")
+    code, out, err = _run_with_channel(store, job_id, tmp_path / "c4d.sock", [ERROR], "--steps", "60",
+                                       "--step-s", "0.1", "--fail-rounds", "none")
     assert code == 0, err
     done = [(r["action"], r["error_source"], r["result"]) for r in history(job_id)]
     assert ("restart_job", "c4d", "done") in done
@@ -76,8 +84,9 @@ def test_the_same_line_printed_by_the_job_is_only_recorded_as_untrusted(cli, sto
 
 
 def test_a_c4d_warning_notifies_without_isolating(store, job_id, tmp_path, history):
-    code, out, err = _run_with_channel(store, job_id, tmp_path / "c4d.sock", [WARNING, "C4D level=Bogus kind=X"], "--steps", "40",
-                                       "--step-s", "0.1")
+    # Through the shipped forwarder this time, as an operator would run it next to C4D.
+    code, out, err = _run_with_channel(store, job_id, tmp_path / "c4d.sock", [WARNING, "C4D level=Bogus kind=X"],
+                                       "--steps", "40", "--step-s", "0.1", collector=forward_c4d)
     assert code == 0, err
     assert [(r["action"], r["error_source"]) for r in history(job_id)] == [("notify", "c4d")]
     [finding] = _diagnoses(store, job_id)
