@@ -44,6 +44,12 @@ def _documents() -> list[tuple[str, dict]]:
 DOCUMENTS = _documents()
 
 
+def _operator_secrets() -> set[str]:
+    """Secrets the operator creates (deploy/k8s/README.md says how): credentials never ship with the manifests."""
+    return set(re.findall(r"kubectl -n trainwarden create secret generic ([a-z0-9-]+)",
+                          (K8S / "README.md").read_text(encoding="utf-8")))
+
+
 def _find(kind: str, name: str) -> dict:
     matches = [doc for _, doc in DOCUMENTS if doc["kind"] == kind and doc["metadata"]["name"] == name]
     assert len(matches) == 1, f"exactly one {kind} {name}"
@@ -175,7 +181,7 @@ def test_volume_mounts_name_volumes_of_the_pod_and_the_volumes_exist(label, work
             _find("ConfigMap", volume["configMap"]["name"])
         if "persistentVolumeClaim" in volume:
             _find("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
-        if "secret" in volume:
+        if "secret" in volume and volume["secret"]["secretName"] not in _operator_secrets():
             _find("Secret", volume["secret"]["secretName"])
 
 
@@ -199,6 +205,59 @@ def test_every_variable_in_a_command_is_defined_in_its_container(label, workload
         for word in _argv(container):
             for name in re.findall(r"\$\((\w+)\)", word):
                 assert name in defined, f"{label}/{container['name']}: $({name}) is not in env"
+
+
+# ----------------------------------------------------------- Kafka security
+
+
+def _kafka_login(workload: dict, container: dict) -> dict[str, str]:
+    """The container's Kafka security settings, from its flags or its variables."""
+    argv = _argv(container)
+    settings = {}
+    for setting in ("SECURITY_PROTOCOL", "SASL_MECHANISM", "SASL_USERNAME", "SASL_PASSWORD_FILE", "SSL_CAFILE"):
+        flag = "--kafka-" + setting.lower().replace("_", "-")
+        if flag in argv:
+            settings[setting] = argv[argv.index(flag) + 1]
+        elif any(e["name"] == f"TRAINWARDEN_KAFKA_{setting}" for e in container.get("env", [])):
+            settings[setting] = _env_value(workload, container, f"TRAINWARDEN_KAFKA_{setting}")
+    return settings
+
+
+def _mounted_secret(workload: dict, container: dict, path: str) -> str:
+    mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+    volumes = {v["name"]: v for v in _pod_spec(workload).get("volumes", [])}
+    return volumes[mounts[str(Path(path).parent)]]["secret"]["secretName"]
+
+
+@pytest.mark.parametrize("label,workload,container", _trainwarden_containers(),
+                         ids=[label for label, _, _ in _trainwarden_containers()])
+def test_every_trainwarden_container_logs_into_kafka_over_sasl_ssl_as_its_own_user_from_secret_files(
+        label, workload, container):
+    login = _kafka_login(workload, container)
+    assert login.get("SECURITY_PROTOCOL") == "SASL_SSL" and login.get("SASL_MECHANISM") == "SCRAM-SHA-512", label
+    user = login["SASL_USERNAME"]
+    assert user == {"kafka": "cli"}.get(_argv(container)[1], _argv(container)[1]), label
+    assert _mounted_secret(workload, container, login["SASL_PASSWORD_FILE"]) == f"trainwarden-kafka-{user}", label
+    assert _mounted_secret(workload, container, login["SSL_CAFILE"]) == "trainwarden-kafka-ca", label
+    assert not any(e["name"] == "TRAINWARDEN_KAFKA_SASL_PASSWORD" for e in container.get("env", [])), label
+
+
+@pytest.mark.parametrize("label,workload,container", _trainwarden_containers(),
+                         ids=[label for label, _, _ in _trainwarden_containers()])
+def test_every_service_signs_with_the_keyring_of_a_mounted_secret(label, workload, container):
+    argv = _argv(container)
+    if argv[1] == "kafka":
+        return  # kafka init produces no message
+    keyring = (argv[argv.index("--signing-key-file") + 1] if "--signing-key-file" in argv
+               else _env_value(workload, container, "TRAINWARDEN_SIGNING_KEY_FILE"))
+    assert _mounted_secret(workload, container, keyring) == "trainwarden-signing-key", label
+
+
+def test_no_secret_with_credentials_ships_with_the_manifests_and_the_readme_creates_every_mounted_one():
+    assert not [doc for _, doc in DOCUMENTS if doc["kind"] == "Secret"]
+    mounted = {v["secret"]["secretName"] for _, w in _workloads() for v in _pod_spec(w).get("volumes", [])
+               if "secret" in v}
+    assert mounted <= _operator_secrets(), mounted - _operator_secrets()
 
 
 # ----------------------------------------------------- trainwarden commands
