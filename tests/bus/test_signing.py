@@ -7,6 +7,7 @@ import json
 import pytest
 
 from trainwarden.bus import COMMANDS, DEAD_LETTERS, DECISIONS, EVENTS, open_bus, topic_specs
+from trainwarden.bus.base import read_to_end
 from trainwarden.bus.memory import MemoryBus
 from trainwarden.bus.serde import DecodeError, decode, encode
 from trainwarden.bus.signing import (
@@ -135,9 +136,10 @@ def test_a_copy_of_a_genuine_message_is_refused_as_replayed_but_a_redelivery_is_
     assert consumer.poll(0.1) == []
     assert bus.counters.replayed == 1
     assert _letters(memory)[0]["error"].startswith("replayed: message id ")
-    # Reading the same record again (a seek, an uncommitted redelivery) is no replay.
+    # Reading the same records again (a seek, an uncommitted redelivery): the
+    # original is no replay, and the copy is not dead-lettered a second time.
     consumer.seek_to_beginning(consumer.assignment())
-    assert len(consumer.poll(0.1)) == 1 and bus.counters.replayed == 2
+    assert len(consumer.poll(0.1)) == 1 and bus.counters.replayed == 1 and len(_letters(memory)) == 1
 
 
 def test_a_live_message_older_than_the_maximum_age_is_refused_as_expired():
@@ -183,6 +185,33 @@ def test_a_restarted_processor_replays_its_partitions_from_the_beginning_at_any_
     assert "j1" in second.jobs and second.counters.replayed >= 2
     assert bus.counters == type(bus.counters)()  # nothing refused: not the submission, not the decision records
     second.close()
+
+
+def test_a_restarted_processor_finishes_its_replay_when_the_last_event_of_its_partition_is_refused():
+    memory = _memory()
+    pack = load_rules(None)
+    submitted = JobSubmitted(job_id="j1", time=T0, framework="pytorch", args="",
+                             instances=instance_specs([("worker", 1)]))
+    _signed(memory).producer().send(EVENTS, "j1", encode(submitted))
+    first = Processor(_signed(memory), pack, clock=Clock(T0))
+    first.run_once(0.05)
+    first.close()
+    memory.producer().send(EVENTS, "j1", encode(submitted).replace(b'"j1"', b'"forged"'))  # after the records
+    bus = _signed(memory)
+    second = Processor(bus, pack, clock=Clock(T0 + 1))
+    for _ in range(3):
+        second.run_once(0.05)
+    assert second.replays == {} and "j1" in second.jobs and bus.counters.unsigned == 1
+
+
+def test_reading_a_topic_to_its_end_ends_when_its_last_record_is_refused():
+    memory = _memory()
+    bus = _signed(memory)
+    bus.producer().send(COMMANDS, "n1", COMMAND)
+    memory.producer().send(COMMANDS, "n1", COMMAND)  # forged, last in its partition
+    consumer = bus.consumer([COMMANDS], None, from_beginning=True)
+    assert [r.value for r in read_to_end(consumer, timeout_s=10)] == [COMMAND]
+    assert bus.counters.unsigned == 1
 
 
 def test_poison_in_place_of_an_envelope_is_refused_as_unsigned_and_costs_nothing_behind_it():

@@ -114,4 +114,8 @@ def read_to_end(consumer: Consumer, timeout_s: float = 60.0) -> list[Message]:
             records.append(record)
             key = (record.topic, record.partition)
             seen[key] = max(seen.get(key, -1), record.offset)
+        # A consumer that drops what it refuses (bus/signing.py) says how far
+        # it read: a refused last record must not look like one still to come.
+        for key, offset in getattr(consumer, "offsets_read", {}).items():
+            seen[key] = max(seen.get(key, -1), offset)
     return records

@@ -368,9 +368,17 @@ class SigningConsumer:
         self._boundary: dict[tuple[str, int], int] = {}
         self._unresolved: set[tuple[str, int]] = set()
         self._letters: Optional[SigningProducer] = None
+        # The last offset poll went past in each partition, handed over or
+        # refused: whoever waits for a partition's end (read_to_end, the
+        # processor's replay) must not wait for a record that was refused.
+        self.offsets_read: dict[tuple[str, int], int] = {}
+        # Records refused already: read again (a seek back, a redelivery) they are not dead-lettered twice.
+        self._refused: collections.OrderedDict = collections.OrderedDict()
 
         def assigned(partitions: list[tuple[str, int]]) -> None:
             self._unresolved.update(partitions)
+            for partition in partitions:
+                self.offsets_read.pop(partition, None)
             if on_assign is not None:
                 on_assign(partitions)
 
@@ -382,6 +390,8 @@ class SigningConsumer:
         now = self._bus.clock()
         verified = []
         for record in records:
+            where = (record.topic, record.partition)
+            self.offsets_read[where] = max(self.offsets_read.get(where, -1), record.offset)
             # An unresolved boundary counts as live: the age check applies.
             backlog = record.offset < self._boundary.get((record.topic, record.partition), -1)
             verdict = self._verifier.open(record, now, backlog)
@@ -400,6 +410,12 @@ class SigningConsumer:
             self._unresolved.discard((topic, partition))
 
     def _refuse(self, record: Message, verdict: Verdict, now: float) -> None:
+        position = (record.topic, record.partition, record.offset)
+        if position in self._refused:
+            return
+        self._refused[position] = True
+        if len(self._refused) > self._bus.config.window:
+            self._refused.popitem(last=False)
         counters = self._bus.counters
         setattr(counters, verdict.refusal, getattr(counters, verdict.refusal) + 1)
         service = self._bus.service
@@ -414,6 +430,7 @@ class SigningConsumer:
     def seek_to_beginning(self, partitions: Sequence[tuple[str, int]]) -> None:
         self._inner.seek_to_beginning(partitions)
         for topic, partition in partitions:
+            self.offsets_read.pop((topic, partition), None)
             try:
                 self._boundary[(topic, partition)] = self._inner.end_offset(topic, partition)
             except BusError:

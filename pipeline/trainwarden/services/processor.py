@@ -214,7 +214,9 @@ class Processor:
 
     def _finish_replays(self) -> None:
         for partition, replay in list(self.replays.items()):
-            if replay.records and replay.records[-1].offset >= replay.end - 1:
+            # A signed bus drops what it refuses: its read offset, not the last record handed over, says the end.
+            read = getattr(self.consumer, "offsets_read", {}).get((EVENTS, partition), -1)
+            if max(read, replay.records[-1].offset if replay.records else -1) >= replay.end - 1:
                 del self.replays[partition]
                 self._replay(partition, replay.records)
                 for record in replay.logs:
