@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,21 +49,38 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
 
 
-def _fill(disk: Path) -> Path:
-    """Write a file until the disk refuses another byte."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    chunk = 1 << 20
-    try:
+class _DiskHog:
+    """Another process's file that takes every byte of the disk, and every
+    byte freed later (the run frees some when it ends), until it is removed."""
+
+    def __init__(self, disk: Path):
+        self.path = disk / "filler"
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        self._stop = threading.Event()
+        self._fill()
+        self._thread = threading.Thread(target=self._keep_full, daemon=True)
+        self._thread.start()
+
+    def _fill(self) -> None:
+        chunk = 1 << 20
         while chunk:
             try:
-                os.write(fd, b"\0" * chunk)
+                os.write(self._fd, b"\0" * chunk)
             except OSError as exc:
                 assert exc.errno == errno.ENOSPC, exc
                 chunk //= 2
-    finally:
-        os.close(fd)
-    return filler
+
+    def _keep_full(self) -> None:
+        while not self._stop.wait(0.005):
+            self._fill()
+
+    def remove(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        os.close(self._fd)
+        self.path.unlink()
 
 
 def _wait_for(text: str, path: Path, run: subprocess.Popen, timeout_s: float = 90.0) -> None:
@@ -95,11 +113,11 @@ def _history(disk: Path, *args: str) -> list[dict]:
 
 def test_records_kept_while_the_disk_is_full_are_all_written_once_space_returns(tmp_path, small_disk, job_id):
     run, go, output = _start(tmp_path, small_disk, job_id, wait_s=120)
+    hog = _DiskHog(small_disk)
     try:
-        filler = _fill(small_disk)
         go.touch()
         _wait_for("waiting up to 120 s for space", output, run)
-        filler.unlink()
+        hog.remove()
         assert run.wait(120) == 0, output.read_text()[-4000:]
         text = output.read_text()
         assert "No space left on device" in text
@@ -109,6 +127,7 @@ def test_records_kept_while_the_disk_is_full_are_all_written_once_space_returns(
         jobs = [(j["job_id"], j["status"], j["rounds"]) for j in _history(small_disk, "--jobs")]
         assert jobs == [(job_id, "succeeded", 1)], jobs
     finally:
+        hog.remove()
         if run.poll() is None:
             run.kill()
             run.wait()
@@ -117,10 +136,11 @@ def test_records_kept_while_the_disk_is_full_are_all_written_once_space_returns(
 def test_a_disk_that_stays_full_makes_the_run_fail_naming_how_many_records_were_lost(tmp_path, small_disk,
                                                                                         job_id):
     run, go, output = _start(tmp_path, small_disk, job_id, wait_s=2)
+    hog = _DiskHog(small_disk)
     try:
-        _fill(small_disk)
         go.touch()
         code = run.wait(120)
+        hog.remove()
         text = output.read_text()
         assert code == 1, text[-4000:]
         assert "waiting up to 2 s for space" in text, text[-4000:]
@@ -129,6 +149,7 @@ def test_a_disk_that_stays_full_makes_the_run_fail_naming_how_many_records_were_
         assert int(lost[0].split("▸ ")[-1].split()[0]) >= 3, lost  # the fault's two rows and the job's end at least
         assert "No space left on device" in lost[0], lost
     finally:
+        hog.remove()
         if run.poll() is None:
             run.kill()
             run.wait()

@@ -5,6 +5,7 @@ sleeping python below that; one of them in a session of its own)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -63,7 +64,7 @@ def _left_after_kill(job_id: str, victim: subprocess.Popen) -> list:
     return left
 
 
-def test_sigkill_of_run_leaves_no_process_of_the_job_at_any_depth(tmp_path, job_id):
+def test_sigkill_of_run_leaves_no_process_of_the_job_at_any_depth_and_the_history_says_it_died(tmp_path, job_id):
     env = dict(os.environ, TRAINWARDEN_STORE=str(tmp_path / "store"), PYTHONPATH=str(ROOT / "pipeline"))
     output = tmp_path / "run.log"
     with open(output, "wb") as log:
@@ -73,6 +74,11 @@ def test_sigkill_of_run_leaves_no_process_of_the_job_at_any_depth(tmp_path, job_
         _wait_for_trees(job_id, 2, run, output.read_text)
         left = _left_after_kill(job_id, run)
         assert left == [], f"still running {LEFT_WITHIN_S:.0f} s after the run was killed: {left}"
+        jobs = subprocess.run([*TRAINWARDEN, "history", "--jobs", "--json"], env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert jobs.returncode == 0, jobs.stderr
+        assert [(j["job_id"], j["status"], j["reason"]) for j in json.loads(jobs.stdout)] == \
+            [(job_id, "failed", "supervisor_died")]
     finally:
         if run.poll() is None:
             run.kill()

@@ -18,14 +18,17 @@ milliseconds and never imports the job's or our packages.
 
 Lines on the pipe (MARK is a runtime's mark, PGID an instance's pid, which is
 its process group and session): ``mark MARK``, ``group MARK PGID``,
-``ended MARK PGID`` (reaped, its orphans killed), ``release MARK`` (the
-runtime closed: what it still watches is killed), ``close`` (the last lease
-ended).
+``ended MARK PGID`` (reaped, its orphans killed), ``epitaph MARK PATH`` (a
+held history segment to publish if the process dies: the run's job record
+saying so), ``spare MARK`` (the run ends itself: no epitaph), ``release MARK``
+(the runtime closed: what it still watches is killed), ``close`` (the last
+lease ended).
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import select
 import signal
@@ -136,7 +139,8 @@ class _Keeper:
         if self._write is None:
             return
         try:
-            os.write(self._write, line.encode())  # one short write: atomic between threads
+            # One short write: atomic between threads. Paths may hold any bytes.
+            os.write(self._write, line.encode("utf-8", "surrogateescape"))
         except OSError as exc:
             self.close_pipe()
             self._broken(exc)
@@ -208,6 +212,13 @@ class KeeperLease:
     def forget(self, pgid: int) -> None:
         self._keeper.send(f"ended {self.mark} {pgid}\n")
 
+    def epitaph(self, held: Path) -> None:
+        if "\n" not in str(held):
+            self._keeper.send(f"epitaph {self.mark} {held}\n")
+
+    def spare(self) -> None:
+        self._keeper.send(f"spare {self.mark}\n")
+
     def close(self) -> None:
         """The runtime's orderly end; the last lease ends the keeper."""
         global _shared
@@ -248,15 +259,22 @@ class _Watched:
 
     def __init__(self):
         self.groups: dict[str, set[int]] = {}
+        self.epitaphs: dict[str, Path] = {}
 
     def told(self, line: bytes) -> bool:
         """Take one line; False once it says the last runtime closed."""
-        words = line.decode("ascii", "replace").split()
+        text = line.decode("utf-8", "surrogateescape")
+        words = text.split()
         if words == ["close"]:
             return False
-        if len(words) == 2 and words[0] == "mark":
+        if len(words) >= 3 and words[0] == "epitaph":
+            self.epitaphs[words[1]] = Path(text.split(" ", 2)[2])
+        elif len(words) == 2 and words[0] == "spare":
+            self.epitaphs.pop(words[1], None)
+        elif len(words) == 2 and words[0] == "mark":
             self.groups.setdefault(words[1], set())
         elif len(words) == 2 and words[0] == "release":
+            self.epitaphs.pop(words[1], None)
             left = self.groups.pop(words[1], set())
             if left:  # closed while an instance it watched still runs: it must not outlive its runtime
                 sweep([environment_mark(words[1])], left)
@@ -270,6 +288,47 @@ class _Watched:
             return 0
         prefixes = [environment_mark(mark) for mark in self.groups]
         return sweep(prefixes, set().union(*self.groups.values()))
+
+    def publish_epitaphs(self) -> list[str]:
+        """What could not be published, and why."""
+        problems = []
+        for held in self.epitaphs.values():
+            try:
+                publish(held)
+            except (OSError, ValueError) as exc:
+                problems.append(f"{held}: {exc}")
+        return problems
+
+
+def publish(held: Path) -> Path:
+    """A held history segment into its spool (store/spool.py's format, under a
+    complete segment's name), its job rows ended now: the run died."""
+    moment = round(time.time(), 3)
+    lines = []
+    for raw in held.read_bytes().splitlines():
+        if raw.strip():
+            line = json.loads(raw)
+            if line.get("table") == "jobs":
+                line["row"]["finished_at"] = line["row"]["updated_at"] = moment
+            lines.append(json.dumps(line, separators=(",", ":")).encode())
+    name = f"{time.time_ns():020d}-{os.getpid()}-{1:09d}"
+    temp, segment = held.parent / f".{name}.tmp", held.parent / f"{name}.jsonl"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        data = memoryview(b"\n".join(lines) + b"\n")
+        while data:
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(temp, segment)
+    held.unlink()
+    directory = os.open(held.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return segment
 
 
 def keep(source: int = 0) -> int:
@@ -299,12 +358,16 @@ def keep(source: int = 0) -> int:
             if not watched.told(line):
                 return 0
     killed = watched.sweep()
-    if killed:
-        try:
+    problems = watched.publish_epitaphs()
+    try:
+        if killed:
             print(f"trainwarden keeper: the runtimes ended without stopping their instances; "
                   f"killed {killed} processes they left", file=sys.stderr, flush=True)
-        except OSError:
-            pass
+        for problem in problems:
+            print(f"trainwarden keeper: could not record that the run died: {problem}", file=sys.stderr,
+                  flush=True)
+    except OSError:
+        pass
     return 0
 
 

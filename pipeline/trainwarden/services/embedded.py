@@ -8,11 +8,16 @@ the actuator. Everything else lives in the runtime, the engine and the store.
 from __future__ import annotations
 
 import dataclasses
+import os
+import secrets
 import signal
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Optional, Protocol
+
+import msgspec
 
 from trainwarden.diagnose.collect import DEFAULT_TIMEOUT_S, DEFAULT_TOOLS
 from trainwarden.engine import JobState, JobStatus, start_job
@@ -24,10 +29,13 @@ from trainwarden.runtime.c4d_source import C4DSocket, FileFollower
 from trainwarden.runtime.clock import now as clock_now
 from trainwarden.runtime.control import ControlServer, PendingReply
 from trainwarden.runtime.inbox import Inbox
+from trainwarden.runtime.keeper import KeeperLease
 from trainwarden.runtime.launcher import InstanceLogs, LocalJobRunner
 from trainwarden.spot.market import MarketProvider
 from trainwarden.spot.poller import MarketPoller
-from trainwarden.store.records import DeadLetter
+from trainwarden.store.base import StoreError
+from trainwarden.store.records import DeadLetter, JobRecord
+from trainwarden.store.spool import SpoolWriter
 from trainwarden.supervision.acting import JobFacts, Supervisor
 from trainwarden.supervision.intake import channel_line, dead_letter, refused_request, take
 from trainwarden.supervision.stack_reports import StackReports
@@ -129,6 +137,46 @@ class _CurrentHistory:
 
     def write(self, records: list) -> None:
         self.run.history.write(records)
+        if self.run.epitaph is not None:
+            self.run.epitaph.remember(records)
+
+
+class _Epitaph:
+    """What the history says if this process dies before the run ends (a
+    SIGKILL runs none of our code): the keeper publishes the job's last
+    running record as failed, ``supervisor_died``, instead of leaving the job
+    running forever."""
+
+    REASON = "supervisor_died"
+
+    def __init__(self, writer: SpoolWriter):
+        self.writer = writer
+        self.name = f"epitaph-{os.getpid()}-{secrets.token_hex(4)}"
+        self.lease = KeeperLease(self.name)
+        self.held: Optional[Path] = None
+
+    def remember(self, records: list) -> None:
+        running = [r for r in records if isinstance(r, JobRecord) and r.status == JobStatus.RUNNING.value]
+        if not running:
+            return
+        ended = msgspec.structs.replace(running[-1], status=JobStatus.FAILED.value, reason=self.REASON)
+        try:
+            held = self.writer.hold([ended], self.name)
+        except StoreError:
+            return  # a full disk, say: the epitaph before this one stays
+        if self.held is None:
+            self.lease.epitaph(held)
+        self.held = held
+
+    def spare(self) -> None:
+        """The run ends itself and writes its own last record."""
+        self.lease.spare()
+        if self.held is not None:
+            try:
+                self.held.unlink(missing_ok=True)
+            except OSError:
+                pass
+        self.lease.close()
 
 
 @dataclasses.dataclass
@@ -183,6 +231,7 @@ class EmbeddedRun:
         self.logs = InstanceLogs(log_dir, reporter.info) if log_dir else None
         self._lifecycle = getattr(reporter, "lifecycle", None)
         self.history_wait_s = history_wait_s
+        self.epitaph: Optional[_Epitaph] = None
         self._hurry = False  # a further interrupt while the run ends: stop waiting for the history
 
     def run(self) -> RunResult:
@@ -203,9 +252,11 @@ class EmbeddedRun:
                                                   clock=clock_now, notify=self._notify)
         # The first write fails loudly (a wrong --store is a usage problem);
         # later ones must not stop a running job.
+        self.epitaph = _Epitaph(self.history) if isinstance(self.history, SpoolWriter) else None
         try:
             supervisor.write_job(JobStatus.RUNNING)
         except BaseException:
+            self._spare_epitaph()
             control.close()
             runner.close()
             if self.notifications is not None:
@@ -239,6 +290,7 @@ class EmbeddedRun:
                     self.logs.close()
                 self.reporter.flush()
                 final = status or JobStatus.FAILED
+                self._spare_epitaph()
                 supervisor.write_job(final, reason=self.state.final_reason if self.state else "",
                                      restarts=self.state.job_restarts if self.state else 0)
                 self._close_notifications()
@@ -247,6 +299,11 @@ class EmbeddedRun:
         return RunResult(self.job.job_id, final, self.state.final_reason if self.state else "",
                          self.state.job_restarts if self.state else 0, self.decisions, self.dead_letters, counters,
                          lost_records=lost)
+
+    def _spare_epitaph(self) -> None:
+        if self.epitaph is not None:
+            self.epitaph.spare()
+            self.epitaph = None
 
     def _settle_history(self) -> int:
         """Records still unwritten at the end (a full disk) get a bounded

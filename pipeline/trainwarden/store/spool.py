@@ -28,6 +28,9 @@ from trainwarden.store.schema import BY_NAME, Table, check
 
 SEGMENT_SUFFIX = ".jsonl"
 TEMP_SUFFIX = ".tmp"
+# A complete segment no reader ingests: published only if its writer dies
+# first (the epitaph of a run, runtime/keeper.py publishes it).
+HELD_SUFFIX = ".held"
 
 
 class _Line(msgspec.Struct):
@@ -53,6 +56,23 @@ class SpoolWriter:
     def write(self, records: Sequence[Record]) -> None:
         if not records:
             return
+        self._commit(self._encode(records), len(records))
+
+    def hold(self, records: Sequence[Record], name: str) -> Path:
+        """``records`` as a held segment ``.NAME.held`` (replacing the one
+        before): complete and durable, but in the history only once
+        published, which the keeper does when this process dies."""
+        path = self.spool / f".{name}{HELD_SUFFIX}"
+        temp = self.spool / f".{name}{TEMP_SUFFIX}"
+        try:
+            self.spool.mkdir(parents=True, exist_ok=True)
+            write_synced(temp, self._encode(records), os.O_CREAT | os.O_TRUNC, 0o644)
+            os.replace(temp, path)
+        except OSError as exc:
+            raise self._unusable(temp, f"hold {len(records)} records", exc) from exc
+        return path
+
+    def _encode(self, records: Sequence[Record]) -> bytes:
         lines = []
         for record in records:
             try:
@@ -61,7 +81,7 @@ class SpoolWriter:
                 raise StoreError(f"Nothing was written to the history: {exc}.",
                                  hint="this is a bug in the code that built the record") from None
             lines.append(msgspec.json.encode({"table": table.name, "row": record}))
-        self._commit(b"\n".join(lines) + b"\n", len(records))
+        return b"\n".join(lines) + b"\n"
 
     def close(self) -> None:
         """Nothing to release: no file stays open between writes."""
@@ -75,13 +95,15 @@ class SpoolWriter:
             os.rename(temp, self.spool / f"{name}{SEGMENT_SUFFIX}")
             fsync_directory(self.spool)  # makes the rename itself survive a power cut
         except OSError as exc:
-            try:
-                temp.unlink(missing_ok=True)
-            except OSError:
-                pass  # the spool itself is unusable; the error below says so
-            raise StoreError(f"The history spool {self.spool} could not take {count} records: "
-                             f"{exc.strerror or exc}.",
-                             hint="check the free space and the permissions of the store directory") from exc
+            raise self._unusable(temp, f"take {count} records", exc) from exc
+
+    def _unusable(self, temp: Path, what: str, exc: OSError) -> StoreError:
+        try:
+            temp.unlink(missing_ok=True)
+        except OSError:
+            pass  # the spool itself is unusable; the error says so
+        return StoreError(f"The history spool {self.spool} could not {what}: {exc.strerror or exc}.",
+                          hint="check the free space and the permissions of the store directory")
 
 
 def pending_segments(spool: Path) -> list[Path]:
