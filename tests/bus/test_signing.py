@@ -70,7 +70,7 @@ def test_a_signed_message_reaches_the_consumer_verified_and_without_its_envelope
     raw = record.value
     assert raw.startswith(b'{"tw_signed":1,"kid":"k1",') and json.loads(raw)["value"] == json.loads(COMMAND)
     [record] = _read(bus)
-    assert (record.topic, record.key, record.value) == (COMMANDS, "n1", COMMAND)
+    assert (record.topic, record.key, record.value, record.timestamp_ms) == (COMMANDS, "n1", COMMAND, T0 * 1000)
     assert decode(COMMANDS, record.value).instances == ("worker-0",)
 
 

@@ -294,7 +294,9 @@ class Verifier:
             seen[mid] = position
             if len(seen) > self.config.window:
                 seen.popitem(last=False)
-        return Verdict(dataclasses.replace(record, value=body))
+        # The signed time replaces the record's, which any producer can set:
+        # a service that judges a message's age (an agent's start commands) judges a time no copy can change.
+        return Verdict(dataclasses.replace(record, value=body, timestamp_ms=int(ms)))
 
 
 # ------------------------------------------------------------------ bus
