@@ -3,6 +3,9 @@ what its service needs, for the topics and groups of one topic prefix.
 
     acls.py BOOTSTRAP PREFIX [PREFIX ...]     (as the admin; secrets from $LOCAL_KAFKA_SECRETS)
 
+local-kafka runs it in its secure mode, deploy/docker-compose.yml as its
+kafka-acls service.
+
 The table follows the services' produce and consume sets
 (pipeline/trainwarden/services/*.py, bus/base.py): topics are PREFIX.KIND,
 consumer groups PREFIX-SERVICE (an agent's PREFIX-agent-NODE). Only the
@@ -47,9 +50,12 @@ GRANTS = {
 
 
 def client_options(secrets: str) -> dict:
+    """The admin's login: admin.password and ca.pem in ``secrets``; the
+    mechanism from $LOCAL_KAFKA_SASL_MECHANISM (the compose broker has PLAIN users only)."""
     with open(os.path.join(secrets, "admin.password")) as f:
         password = f.read().strip()
-    return dict(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="admin",
+    mechanism = os.environ.get("LOCAL_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
+    return dict(security_protocol="SASL_SSL", sasl_mechanism=mechanism, sasl_plain_username="admin",
                 sasl_plain_password=password, ssl_cafile=os.path.join(secrets, "ca.pem"))
 
 

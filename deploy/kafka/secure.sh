@@ -23,7 +23,7 @@ check_mode_of_data_dir() {
 
 password_of() { cat "$SECRETS/$1.password"; }
 
-# CA, broker key and certificate (SAN 127.0.0.1 and localhost), one password per user.
+# CA, broker key and certificate (SAN 127.0.0.1, localhost and $SECURE_EXTRA_SAN), one password per user.
 # Made once per data dir: the SCRAM credentials formatted into it must keep matching.
 make_secrets() {
     [[ -f "$SECRETS/.complete" ]] && return 0
@@ -38,8 +38,9 @@ make_secrets() {
         openssl req -x509 "${ec[@]}" -keyout ca.key -out ca.pem -days 30 -subj "/CN=local-kafka CA $KAFKA_PORT" \
             -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
         openssl req "${ec[@]}" -keyout broker.key -out broker.csr -subj "/CN=localhost" 2>/dev/null
-        printf 'subjectAltName=IP:%s,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n' \
-            "$HOST" >broker.ext
+        # SECURE_EXTRA_SAN: more names, e.g. ",DNS:kafka" for compose-secrets.
+        printf 'subjectAltName=IP:%s,DNS:localhost%s\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n' \
+            "$HOST" "${SECURE_EXTRA_SAN:-}" >broker.ext
         openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out broker.crt -days 30 \
             -extfile broker.ext 2>/dev/null
         # Kafka's PEM keystore: the (PKCS#8, unencrypted) key, then the chain.
