@@ -395,7 +395,7 @@ class SigningConsumer:
             where = (record.topic, record.partition)
             self.offsets_read[where] = max(self.offsets_read.get(where, -1), record.offset)
             # An unresolved boundary counts as live: the age check applies.
-            backlog = record.offset < self._boundary.get((record.topic, record.partition), -1)
+            backlog = record.offset < self._boundary.get(where, -1)
             verdict = self._verifier.open(record, now, backlog)
             if verdict.message is not None:
                 verified.append(verdict.message)
