@@ -116,6 +116,8 @@ class _Keeper:
         self._write: Optional[int] = None
         self._process: Optional[subprocess.Popen] = None
         self.leases = 0
+        # A write racing the close could hit another file that got the descriptor's number.
+        self._pipe_lock = threading.Lock()
         try:
             read, self._write = os.pipe()  # both ends close-on-exec: no instance inherits them
             try:
@@ -136,14 +138,17 @@ class _Keeper:
         return self._process.pid if self._process is not None else None
 
     def send(self, line: str) -> None:
-        if self._write is None:
-            return
-        try:
-            # One short write: atomic between threads. Paths may hold any bytes.
-            os.write(self._write, line.encode("utf-8", "surrogateescape"))
-        except OSError as exc:
-            self.close_pipe()
-            self._broken(exc)
+        with self._pipe_lock:
+            if self._write is None:
+                return
+            try:
+                # Paths may hold any bytes.
+                os.write(self._write, line.encode("utf-8", "surrogateescape"))
+                return
+            except OSError as exc:
+                failure = exc
+        self.close_pipe()
+        self._broken(failure)
 
     def end(self, timeout_s: float = 5.0) -> None:
         self.send("close\n")
@@ -156,7 +161,8 @@ class _Keeper:
                 self._process.wait()
 
     def close_pipe(self) -> None:
-        fd, self._write = self._write, None
+        with self._pipe_lock:
+            fd, self._write = self._write, None
         if fd is not None:
             try:
                 os.close(fd)
@@ -179,8 +185,11 @@ _warned = False
 
 def _forget_in_child() -> None:
     """A forked child must not hold the pipe open: the keeper would miss its parent's death."""
-    global _shared
+    global _shared, _shared_lock
+    # Locks held by threads of the parent stay held here, by nobody.
+    _shared_lock = threading.Lock()
     if _shared is not None:
+        _shared._pipe_lock = threading.Lock()
         _shared.close_pipe()
     _shared = None
 
