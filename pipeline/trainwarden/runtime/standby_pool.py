@@ -1,0 +1,265 @@
+"""The runtime's side of pre-warmed interpreters (runtime/standby.py): for
+each interpreter and job environment it keeps standbys that have imported
+the job's ``preload`` modules, hands one to each instance that starts, and
+prepares its replacement in the background.
+
+Standbys are never instances: they are in no hang detection, history or
+placement, and they are stopped with the runtime. Every one is started from
+the pool's own thread, which lives as long as the runtime: Linux sends the
+parent-death signal when the *thread* that forked a process ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import queue
+import select
+import signal
+import subprocess
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from trainwarden.runtime.standby import Invocation
+
+STANDBY_SCRIPT = str(Path(__file__).resolve().parent / "standby.py")
+# A first round waits this long for a standby still importing: it started
+# earlier than a fresh process would, so waiting is never slower than that.
+READY_WAIT_S = 120.0
+# An instance's own variables: a standby starts before any instance exists.
+INSTANCE_VARIABLES = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TRAINWARDEN_INSTANCE", "TRAINWARDEN_ROLE",
+    "TRAINWARDEN_RESTART_ROUND", "TRAINWARDEN_INSTANCE_RESTARTS", "TRAINWARDEN_RESUME", "TRAINWARDEN_SDK_SOCKET",
+    "TRAINWARDEN_TOKEN",
+})
+
+
+@dataclasses.dataclass
+class Standby:
+    popen: subprocess.Popen
+    control: int  # write end: the instance's description, then EOF
+    ready: int  # read end: b"R" once the modules are imported
+    key: str
+    warm: bool = False
+
+    def is_ready(self, wait_s: float = 0.0) -> Optional[bool]:
+        """True once warm; False if it died; None while still importing."""
+        if self.warm:
+            return self.popen.poll() is None
+        readable, _, _ = select.select([self.ready], [], [], max(0.0, wait_s))
+        if not readable:
+            return None if self.popen.poll() is None else False
+        try:
+            self.warm = os.read(self.ready, 1) == b"R"
+        except OSError:
+            self.warm = False
+        return self.warm and self.popen.poll() is None
+
+    def hand_over(self, invocation: Invocation, env: dict, cwd: Optional[str]) -> None:
+        message = json.dumps({"invocation": dataclasses.asdict(invocation), "env": env, "cwd": cwd or ""})
+        try:
+            os.write(self.control, message.encode())  # a blocking fd: a long environment is written whole
+        finally:
+            self.discard_fds()
+
+    def discard_fds(self) -> None:
+        for fd in (self.control, self.ready):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.control = self.ready = -1
+
+    def close(self) -> None:
+        """Its control pipe ends: a standby that is still waiting exits by itself."""
+        self.discard_fds()
+        try:
+            self.popen.wait(2.0)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.popen.pid)
+            self.popen.wait(5.0)
+        for handle in (self.popen.stdout, self.popen.stderr):
+            if handle is not None:
+                handle.close()
+
+
+def standby_env(env: dict, mark_variable: str, mark: str) -> dict:
+    """The job's environment without any one instance's variables."""
+    clean = {k: v for k, v in env.items() if k not in INSTANCE_VARIABLES}
+    clean[mark_variable] = mark
+    return clean
+
+
+def env_key(interpreter: str, env: dict, cwd: Optional[str], modules: Sequence[str], mark_variable: str) -> str:
+    """Standbys of one key are interchangeable: same interpreter, modules,
+    working directory and job environment."""
+    shared = sorted((k, v) for k, v in env.items() if k not in INSTANCE_VARIABLES and k != mark_variable)
+    text = json.dumps([interpreter, list(modules), cwd or "", shared])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class StandbyPool:
+    def __init__(self, modules: Sequence[str], spawn_argv: Callable[[list[str]], list[str]],
+                 on_spawn: Callable[[int], None], say: Callable[[str], None]):
+        """``spawn_argv`` wraps a standby's command as instances' are (parent
+        death signal); ``on_spawn(pid)`` tells the keeper; ``say`` reports a
+        fallback to an ordinary start, once per reason."""
+        self.modules = tuple(modules)
+        self._spawn_argv = spawn_argv
+        self._on_spawn = on_spawn
+        self._say = say
+        self._said: set[str] = set()
+        self._idle: dict[str, list[Standby]] = {}
+        self._lock = threading.Lock()
+        self._jobs: "queue.SimpleQueue[Optional[tuple[Future, list, dict, Optional[str], str]]]" = queue.SimpleQueue()
+        self._closed = False
+        self.counters = {"taken": 0, "fresh_starts": 0, "spawned": 0, "died": 0}
+        self._thread = threading.Thread(target=self._spawner, name="standby-spawner", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ instances
+
+    def take(self, invocation: Invocation, env: dict, cwd: Optional[str], mark_variable: str,
+             mark: str) -> Optional[Standby]:
+        """A warm standby for this instance, with a replacement on its way; or
+        None (said once per reason), and the instance starts fresh."""
+        key = env_key(invocation.interpreter, env, cwd, self.modules, mark_variable)
+        spare_env = standby_env(env, mark_variable, mark)
+        chosen = None
+        with self._lock:
+            candidates = self._idle.get(key, [])
+            while candidates and chosen is None:
+                standby = candidates.pop(0)
+                state = standby.is_ready()
+                if state is False:
+                    self._lost(standby)
+                else:
+                    chosen = standby
+        if chosen is None:  # the first start of this key: one now, waited for below
+            chosen = self._spawn(invocation.interpreter, spare_env, cwd, key).result()
+        self._spawn_later(invocation.interpreter, spare_env, cwd, key)  # this one's successor
+        if chosen is None:
+            self.counters["fresh_starts"] += 1
+            return None
+        state = chosen.is_ready(READY_WAIT_S)
+        if not state:
+            self._lost(chosen, still_importing=state is None)
+            self.counters["fresh_starts"] += 1
+            return None
+        self.counters["taken"] += 1
+        return chosen
+
+    def _lost(self, standby: Standby, still_importing: bool = False) -> None:
+        self.counters["died"] += 1
+        why = "did not finish importing in time" if still_importing else _last_words(standby)
+        self._once(f"a standby interpreter {why}; instances start as ordinary processes until one is ready")
+        standby.close()
+
+    def fresh(self, reason: str) -> None:
+        self.counters["fresh_starts"] += 1
+        self._once(f"--preload: {reason}; this instance starts as an ordinary process")
+
+    def _once(self, text: str) -> None:
+        if text not in self._said:
+            self._said.add(text)
+            self._say(text)
+
+    # ------------------------------------------------------------ spawning
+
+    def _spawn(self, interpreter: str, env: dict, cwd: Optional[str], key: str) -> Future:
+        future: Future = Future()
+        if self._closed:
+            future.set_result(None)
+        else:
+            self._jobs.put((future, [interpreter], env, cwd, key))
+        return future
+
+    def _spawn_later(self, interpreter: str, env: dict, cwd: Optional[str], key: str) -> None:
+        future = self._spawn(interpreter, env, cwd, key)
+        future.add_done_callback(lambda done: self._keep(done.result()))
+
+    def _keep(self, standby: Optional[Standby]) -> None:
+        if standby is None:
+            return
+        with self._lock:
+            if self._closed:
+                standby.close()
+                return
+            self._idle.setdefault(standby.key, []).append(standby)
+
+    def _spawner(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            future, (interpreter,), env, cwd, key = job
+            try:
+                future.set_result(self._start(interpreter, env, cwd, key))
+            except OSError as exc:
+                self._once(f"a standby interpreter could not start ({exc.strerror}); instances start as ordinary "
+                           f"processes")
+                future.set_result(None)
+
+    def _start(self, interpreter: str, env: dict, cwd: Optional[str], key: str) -> Standby:
+        control_r, control_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        try:
+            popen = subprocess.Popen(
+                self._spawn_argv([interpreter, STANDBY_SCRIPT, str(control_r), str(ready_w), *self.modules]),
+                env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, pass_fds=(control_r, ready_w))
+        except OSError:
+            for fd in (control_r, control_w, ready_r, ready_w):
+                os.close(fd)
+            raise
+        os.close(control_r)
+        os.close(ready_w)
+        self._on_spawn(popen.pid)
+        self.counters["spawned"] += 1
+        return Standby(popen, control_w, ready_r, key)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle = [s for group in self._idle.values() for s in group]
+            self._idle.clear()
+        self._jobs.put(None)
+        self._thread.join(10.0)
+        for standby in idle:
+            standby.close()
+
+    def idle_pids(self) -> list[int]:
+        with self._lock:
+            return [s.popen.pid for group in self._idle.values() for s in group]
+
+
+def _last_words(standby: Standby) -> str:
+    """What a standby that died said on stderr (its preload error)."""
+    try:
+        standby.popen.wait(1.0)
+    except subprocess.TimeoutExpired:
+        return "stopped answering"
+    text = ""
+    if standby.popen.stderr is not None:
+        os.set_blocking(standby.popen.stderr.fileno(), False)
+        try:
+            text = (standby.popen.stderr.read() or b"").decode("utf-8", "replace").strip().splitlines()[-1:]
+            text = text[0] if text else ""
+        except (OSError, TypeError):
+            text = ""
+    code = standby.popen.returncode
+    return f"exited with code {code}" + (f" ({text[:300]})" if text else "")
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

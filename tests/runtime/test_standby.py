@@ -1,0 +1,176 @@
+"""Pre-warmed interpreters (runtime/standby.py, runtime/standby_pool.py) on
+real processes: a standby that imported the preload modules becomes the
+instance and behaves as ``python`` would."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from trainwarden.runtime.standby import python_invocation
+from trainwarden.runtime.standby_pool import StandbyPool
+
+MARK = "TRAINWARDEN_PROCESS_MARK"
+
+
+@pytest.mark.parametrize("command,expected", [
+    (["python", "train.py", "--lr", "1"], {"script": "train.py", "argv": ("train.py", "--lr", "1")}),
+    (["/usr/bin/python3.11", "-u", "train.py"], {"script": "train.py", "unbuffered": True}),
+    (["python3", "-uB", "-m", "pkg.main", "x"], {"module": "pkg.main", "argv": ("pkg.main", "x"),
+                                                  "no_bytecode": True}),
+    (["python", "-c", "print(1)", "a"], {"code": "print(1)", "argv": ("-c", "a")}),
+])
+def test_a_python_command_line_is_read_as_the_interpreter_reads_it(command, expected):
+    invocation, why = python_invocation(command)
+    assert why == "" and invocation is not None
+    for field, value in expected.items():
+        assert getattr(invocation, field) == value
+
+
+@pytest.mark.parametrize("command,why", [
+    (["bash", "-c", "python train.py"], "is not a Python interpreter"),
+    (["torchrun", "--nproc-per-node", "2", "train.py"], "is not a Python interpreter"),
+    (["python", "-O", "train.py"], "option -O needs a fresh interpreter"),
+    (["python", "-X", "dev", "train.py"], "option -X needs a fresh interpreter"),
+    (["python"], "interactive"),
+    (["python", "-", "x"], "standard input"),
+])
+def test_a_command_a_standby_cannot_run_is_refused_with_the_reason(command, why):
+    invocation, reason = python_invocation(command)
+    assert invocation is None and why in reason
+
+
+@pytest.fixture
+def pool():
+    said: list[str] = []
+    pools: list[StandbyPool] = []
+
+    def make(modules=("json",)):
+        made = StandbyPool(modules, spawn_argv=list, on_spawn=lambda pid: None, say=said.append)
+        made.said = said
+        pools.append(made)
+        return made
+
+    yield make
+    for made in pools:
+        made.close()
+
+
+def _run(pool, command, env, cwd, timeout=60):
+    invocation, why = python_invocation(command)
+    assert invocation is not None, why
+    standby = pool.take(invocation, env, str(cwd), MARK, "test-mark")
+    assert standby is not None, pool.said
+    standby.hand_over(invocation, env, str(cwd))
+    out, err = standby.popen.communicate(timeout=timeout)
+    return standby.popen.returncode, out.decode(), err.decode()
+
+
+def _env(tmp_path, **extra):
+    return {**os.environ, "PYTHONPATH": str(tmp_path), "RANK": "1", MARK: "incarnation-mark", **extra}
+
+
+def test_a_standby_becomes_the_instance_with_its_argv_main_cwd_and_environment(pool, tmp_path):
+    (tmp_path / "heavy.py").write_text("import os\nSEEN_AT_IMPORT = os.environ.get('RANK')\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "train.py").write_text(textwrap.dedent("""\
+        import os, sys, heavy
+        print("argv", sys.argv, "name", __name__, "cwd", os.getcwd())
+        print("rank", os.environ["RANK"], "rank at import", heavy.SEEN_AT_IMPORT)
+        print("preloaded before main", "heavy" in sys.modules)
+        print("path0", sys.path[0])
+    """))
+    code, out, err = _run(pool(("heavy",)), [sys.executable, str(tmp_path / "train.py"), "--lr", "3"],
+                          _env(tmp_path), work)
+    assert code == 0, err
+    assert f"argv ['{tmp_path / 'train.py'}', '--lr', '3'] name __main__ cwd {work}" in out
+    # The module was imported by the standby, before any instance existed.
+    assert "rank 1 rank at import None" in out
+    assert f"path0 {tmp_path}" in out
+
+
+def test_exit_codes_and_tracebacks_are_those_of_a_fresh_interpreter(pool, tmp_path):
+    made = pool()
+    cases = {
+        "import sys; sys.exit(3)": 3,
+        "import sys; sys.exit('bad config')": 1,
+        "raise ValueError('shape mismatch')": 1,
+        "print('done')": 0,
+    }
+    for source, expected in cases.items():
+        script = tmp_path / "job.py"
+        script.write_text(source + "\n")
+        code, out, err = _run(made, [sys.executable, str(script)], _env(tmp_path), tmp_path)
+        fresh = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+        assert code == fresh.returncode == expected, (source, err)
+        assert err == fresh.stderr, (source, err, fresh.stderr)  # the same traceback: no standby frames
+        assert out == fresh.stdout
+
+
+def test_modules_and_inline_code_run_as_python_m_and_python_c_do(pool, tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "main.py").write_text("import sys\nprint('module', __name__, sys.argv)\n")
+    made = pool()
+    code, out, _ = _run(made, [sys.executable, "-m", "pkg.main", "x"], _env(tmp_path), tmp_path)
+    assert code == 0 and f"module __main__ ['{package / 'main.py'}', 'x']" in out
+    code, out, _ = _run(made, [sys.executable, "-c", "import sys; print('code', __name__, sys.argv)", "y"],
+                        _env(tmp_path), tmp_path)
+    assert code == 0 and "code __main__ ['-c', 'y']" in out
+
+
+def test_an_instance_killed_by_a_signal_dies_of_it_as_a_fresh_process_does(pool, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n")
+    code, _, err = _run(pool(), [sys.executable, str(script)], _env(tmp_path), tmp_path)
+    assert code == -signal.SIGINT and "KeyboardInterrupt" in err
+
+
+def test_atexit_handlers_and_threads_finish_before_the_instance_exits(pool, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""\
+        import atexit, threading, time
+        atexit.register(lambda: print("atexit ran", flush=True))
+        threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", flush=True))).start()
+        raise SystemExit(4)
+    """))
+    code, out, _ = _run(pool(), [sys.executable, str(script)], _env(tmp_path), tmp_path)
+    assert code == 4 and out.index("thread done") < out.index("atexit ran")
+
+
+def test_a_preload_that_fails_means_ordinary_starts_said_once(pool, tmp_path):
+    made = pool(("no_such_module_for_trainwarden",))
+    invocation, _ = python_invocation([sys.executable, "-c", "pass"])
+    for _ in range(2):
+        assert made.take(invocation, _env(tmp_path), str(tmp_path), MARK, "m") is None
+    said = [text for text in made.said if "standby interpreter exited with code 3" in text]
+    assert len(said) == 1 and "No module named 'no_such_module_for_trainwarden'" in said[0], made.said
+    assert made.counters["fresh_starts"] == 2
+
+
+def test_every_take_leaves_a_warm_successor_and_close_ends_the_idle_ones(pool, tmp_path):
+    made = pool()
+    script = tmp_path / "job.py"
+    script.write_text("print('ok')\n")
+    _run(made, [sys.executable, str(script)], _env(tmp_path), tmp_path)
+    deadline_pids = made.idle_pids()
+    for _ in range(100):
+        if deadline_pids:
+            break
+        import time
+        time.sleep(0.1)
+        deadline_pids = made.idle_pids()
+    assert len(deadline_pids) == 1
+    # The successor is used by the next start: no new interpreter is waited for.
+    code, out, _ = _run(made, [sys.executable, str(script)], _env(tmp_path), tmp_path)
+    assert code == 0 and made.counters["taken"] == 2
+    idle = made.idle_pids()
+    made.close()
+    for pid in idle:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
