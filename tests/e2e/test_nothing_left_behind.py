@@ -32,6 +32,25 @@ if depth < 3:
 print(f"depth {depth} pid={os.getpid()}", flush=True)
 time.sleep(600)
 '''
+# A launcher and its worker that both take SIGTERM with a cleanup that takes
+# a while; the launcher waits for its worker, as torchrun does.
+GRACEFUL = r'''
+import os, signal, subprocess, sys, time
+done, depth = sys.argv[1], int(sys.argv[2])
+worker = subprocess.Popen([sys.executable, __file__, done, "2"]) if depth == 1 else None
+
+def cleanup(signum, frame):
+    time.sleep(0.5)
+    if worker is not None:
+        worker.wait()
+    open(os.path.join(done, f"depth-{depth}"), "w").close()
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, cleanup)
+open(os.path.join(done, f"ready-{depth}"), "w").close()
+while True:
+    time.sleep(1)
+'''
 # sh -c (1) -> depth 1 (2) -> its shell and sleep (4), depth 2 (5) -> its shell and sleep (7), depth 3 (8).
 TREE_PROCESSES = 8
 LEFT_WITHIN_S = 5.0
@@ -100,3 +119,28 @@ def test_sigkill_of_an_agent_leaves_no_process_of_its_job_at_any_depth(tmp_path,
             submit.kill()
             submit.communicate()
         services.stop()
+
+
+def test_an_orderly_stop_of_run_still_gives_every_process_its_sigterm_grace(tmp_path, job_id):
+    program, done = tmp_path / "graceful.py", tmp_path / "files"
+    program.write_text(GRACEFUL)
+    done.mkdir()
+    env = dict(os.environ, TRAINWARDEN_STORE=str(tmp_path / "store"), PYTHONPATH=str(ROOT / "pipeline"))
+    output = tmp_path / "run.log"
+    with open(output, "wb") as log:
+        run = subprocess.Popen([*TRAINWARDEN, "run", "--job-id", job_id, "--stop-grace", "10", "--",
+                                sys.executable, str(program), str(done), "1"],
+                               env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(done.glob("ready-*"))) < 2:  # both have their SIGTERM handler
+            assert run.poll() is None and time.monotonic() < deadline, output.read_text()
+            time.sleep(0.05)
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(60) != 0
+        assert sorted(p.name for p in done.glob("depth-*")) == ["depth-1", "depth-2"], output.read_text()
+        assert job_processes(job_id) == []
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
