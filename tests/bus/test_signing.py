@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trainwarden.bus import COMMANDS, DEAD_LETTERS, DECISIONS, EVENTS, open_bus, topic_specs
+from trainwarden.bus import COMMANDS, DEAD_LETTERS, DECISIONS, EVENTS, LOGS, open_bus, topic_specs
 from trainwarden.bus.base import read_to_end
 from trainwarden.bus.memory import MemoryBus
 from trainwarden.bus.serde import DecodeError, decode, encode
@@ -85,6 +85,21 @@ def test_an_unsigned_message_is_dead_lettered_as_unsigned_and_the_one_behind_it_
     [letter] = _letters(memory)
     assert (letter["service"], letter["topic"], letter["error"]) == ("agent", COMMANDS,
                                                                      "unsigned: the message carries no signature")
+
+
+def test_an_unsigned_log_line_as_vector_ships_it_is_taken_but_a_badly_signed_one_is_not():
+    memory = _memory()
+    bus = _signed(memory)
+    line = b'{"v":1,"type":"log_line","job_id":"j1","instance":"worker-0","round":0,"start":0,"node":"n1",' \
+           b'"time":1.0,"stream":"stdout","text":"step 1"}'
+    memory.producer().send(LOGS, "j1", line)  # as Vector ships it
+    _signed(memory, K2).producer().send(LOGS, "j1", line)  # signed, but with a key this consumer does not hold
+    records = _read(bus, (LOGS,))
+    assert [r.value for r in records] == [line]
+    assert bus.counters.unsigned == 0 and bus.counters.unknown_key_id == 1
+    # Everything else that is unsigned stays refused.
+    memory.producer().send(EVENTS, "j1", line)
+    assert _read(bus, (EVENTS,)) == [] and bus.counters.unsigned == 1
 
 
 def test_a_changed_value_key_or_topic_breaks_the_signature():
