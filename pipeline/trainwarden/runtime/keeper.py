@@ -27,13 +27,19 @@ lease ended).
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__" and sys.path and sys.path[0] == __file__.rpartition("/")[0]:
+    # Run as a script, its own directory (our runtime package) would come
+    # first on the path and could shadow the standard library (Python < 3.11).
+    del sys.path[0]
+
 import ctypes
 import json
 import os
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
