@@ -243,7 +243,9 @@ def _bootstrap(parser: argparse.ArgumentParser) -> None:
     flag("SSL_KEY_PASSWORD_FILE", "file holding the client key's password, if it is encrypted", metavar="FILE")
     # Without it argparse would take --kafka-sasl-password for an abbreviation
     # of --kafka-sasl-password-file, and a password for a file name.
-    security.add_argument("--kafka-sasl-password", action=_PasswordFlagRefused, nargs="?", help=argparse.SUPPRESS)
+    security.add_argument("--kafka-sasl-password", action=_PasswordFlagRefused, nargs="?", metavar="REFUSED",
+                          help="refused: a password on the command line shows in ps; give "
+                               "--kafka-sasl-password-file, or the variable [env TRAINWARDEN_KAFKA_SASL_PASSWORD]")
 
 
 class _KafkaSecurityFlag(argparse.Action):
@@ -265,7 +267,7 @@ class _KafkaSecurityFlag(argparse.Action):
 class _PasswordFlagRefused(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         # The value is not repeated: it is a password.
-        parser.error("--kafka-sasl-password is not an option: a password on the command line shows in ps; "
+        parser.error("--kafka-sasl-password is not accepted: a password on the command line shows in ps; "
                      "give --kafka-sasl-password-file FILE or $TRAINWARDEN_KAFKA_SASL_PASSWORD")
 
 
