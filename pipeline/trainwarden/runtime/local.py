@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import itertools
 import os
 import re
 import secrets
@@ -89,11 +90,11 @@ class LocalRuntime:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._to_register: list[_Proc] = []
         self._closed = False
-        # Every instance's environment carries "<this runtime>-<n>": the
-        # keeper finds whatever the runtime started by it, its stops and
-        # reaps what one incarnation started.
+        # Each incarnation's environment carries MARK_VARIABLE=<runtime>-<n>:
+        # the keeper finds everything this runtime started by the prefix,
+        # stops and reaps find one incarnation's descendants by the value.
         self._mark = secrets.token_hex(8)
-        self._starts = 0
+        self._starts = itertools.count(1)  # next() is atomic: starts come from several threads
         self._keeper = KeeperLease(self._mark)
         self._thread = threading.Thread(target=self._io_loop, name="runtime-io", daemon=True)
         self._thread.start()
@@ -102,8 +103,7 @@ class LocalRuntime:
 
     def start(self, name: str, command: Sequence[str], env: dict, cwd: Optional[str],
               round_: int, start: int) -> int:
-        self._starts += 1
-        mark = f"{self._mark}-{self._starts}"
+        mark = f"{self._mark}-{next(self._starts)}"
         env = {**env, MARK_VARIABLE: mark}
         try:
             argv = _with_parent_death_signal(_resolve(command, env, cwd))
