@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -125,3 +126,38 @@ def test_a_c4d_log_the_instances_user_can_write_is_refused_at_start_saying_why(c
     said = " ".join(result.err.split())
     assert f"--c4d-log {log}" in said and "writable by the user the instances run as" in said, said
     assert "--c4d-socket" in said  # the hint: the channel that works
+
+
+def test_a_c4d_socket_another_process_listens_on_is_refused_and_a_killed_ones_is_taken_over(tmp_path):
+    from trainwarden.runtime.c4d_source import C4DChannelError, C4DSocket
+    from trainwarden.runtime.control import ControlServer
+
+    path, lines = tmp_path / "c4d.sock", []
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from trainwarden.runtime.c4d_source import C4DSocket
+        from trainwarden.runtime.control import ControlServer
+        C4DSocket({str(path)!r}, print, print, ControlServer(deliver=print))
+        print("listening", flush=True)
+        time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "pipeline")))
+    control = ControlServer(deliver=lambda pending: None)
+    try:
+        assert holder.stdout.readline().strip() == "listening"
+        with pytest.raises(C4DChannelError, match="another process listens on it"):
+            C4DSocket(path, lines.append, lambda reason, attempt: None, control)
+        holder.kill()
+        holder.wait(30)
+        assert path.exists()  # left behind by the killed process
+        channel = C4DSocket(path, lines.append, lambda reason, attempt: None, control)
+        send_c4d(path, [WARNING])
+        deadline = time.monotonic() + 10
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lines == [WARNING]
+        channel.close()
+        assert not path.exists()
+    finally:
+        holder.kill()
+        holder.wait(30)
+        control.close()

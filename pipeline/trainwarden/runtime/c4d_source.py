@@ -165,6 +165,8 @@ def socket_problem(raw: str) -> Optional[str]:
         return f"--c4d-socket {raw}: the path is too long for a Unix socket (at most 100 bytes)"
     if path.exists() and not stat.S_ISSOCK(path.lstat().st_mode):
         return f"--c4d-socket {raw}: it exists and is not a socket"
+    if path.exists() and _listened_on(path):
+        return f"--c4d-socket {raw}: another process listens on it (a second agent or run on this node?)"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -172,6 +174,17 @@ def socket_problem(raw: str) -> Optional[str]:
     if not os.access(path.parent, os.W_OK | os.X_OK):
         return f"--c4d-socket {raw}: its directory is not writable"
     return None
+
+
+def _listened_on(path: Path) -> bool:
+    """A socket left by a killed predecessor refuses connections; a live one takes them."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def job_process(pid: int, control: ControlServer) -> Optional[str]:
