@@ -304,3 +304,13 @@ def test_the_flags_alone_log_a_command_in(broker):
     out = _cli("nodes", "--bootstrap", broker.bootstrap, "--listen", "0.5", *flags,
                env={"TRAINWARDEN_TOPIC_PREFIX": broker.prefix})
     assert out.returncode == 0, out.stderr
+
+
+def test_the_kafka_clients_debug_log_shows_the_configuration_without_the_password(broker, tmp_path):
+    debug = tmp_path / "kafka-debug.log"
+    out = _cli("kafka", "init", "--bootstrap", broker.bootstrap, env=dict(
+        broker.env_of("admin"), TRAINWARDEN_TOPIC_PREFIX=broker.prefix, TRAINWARDEN_KAFKA_DEBUG=str(debug)))
+    assert out.returncode == 0, out.stderr
+    text = debug.read_text()
+    assert "'sasl_plain_password': '***'" in text  # the admin client logs its configuration
+    assert broker.password("admin") not in text + out.stdout + out.stderr

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import ssl
 import threading
@@ -35,8 +36,22 @@ UNREACHABLE_HINT = "start it (deploy/kafka/local-kafka start) or pass --bootstra
 # kafka-python logs every reconnect attempt as an error; the services report
 # the state of the bus themselves. TRAINWARDEN_KAFKA_DEBUG=FILE writes the
 # client's own debug log to FILE, for diagnosing group coordination.
+class _RedactPasswords(logging.Filter):
+    """kafka-python logs its whole configuration at debug level, passwords included."""
+
+    _PASSWORD = re.compile(r"""(['"]?(?:sasl_plain_password|ssl_password)['"]?\s*[:=]\s*)(['"]).*?\2""")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        redacted = self._PASSWORD.sub(r"\1\2***\2", text)
+        if redacted != text:
+            record.msg, record.args = redacted, ()
+        return True
+
+
 if os.environ.get("TRAINWARDEN_KAFKA_DEBUG"):
     _handler = logging.FileHandler(os.environ["TRAINWARDEN_KAFKA_DEBUG"])
+    _handler.addFilter(_RedactPasswords())
     _handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s"))
     logging.getLogger("kafka").addHandler(_handler)
     logging.getLogger("kafka").setLevel(logging.DEBUG)
