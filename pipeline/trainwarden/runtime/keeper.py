@@ -348,8 +348,10 @@ def publish(held: Path) -> Path:
 
 def keep(source: int = 0) -> int:
     parent = os.getppid()
-    for sig in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)  # a terminal's signals are for the run, which tells us
+    # A terminal's signals, or a service manager's SIGTERM to every process
+    # of the unit, are for the run or agent, which tells us; we end with it.
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
