@@ -93,10 +93,11 @@ def ancestry(pid: int) -> Iterator[tuple[int, int]]:
 
 
 def uid_of(pid: int) -> Optional[int]:
+    """The effective uid, the one SO_PEERCRED reports."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("Uid:"):
-                return int(line.split()[1])
+                return int(line.split()[2])
     except (OSError, ValueError, IndexError):
         return None
     return None
@@ -295,9 +296,14 @@ class ControlServer:
             return False, str(exc)
         found = self._attribute_waiting(peer.pid)
         root = self._roots.get(found[0]) if found else None
-        if found is None or (root is not None and root.uid is not None and root.uid != peer.uid):
+        reason = ""
+        if found is None:
             reason = (f"pid {peer.pid} (uid {peer.uid}) is not a process of any running incarnation; "
                       "only an instance's own processes may use its SDK")
+        elif root is not None and root.uid is not None and root.uid != peer.uid:
+            # A setuid program below the instance acts for someone else, not for the job.
+            reason = f"pid {peer.pid} runs as uid {peer.uid}, its instance as uid {root.uid}"
+        if reason:
             self._on_refused(reason, line[:4096])
             return False, reason + ": is this process still part of a running job?"
         token, who = found
