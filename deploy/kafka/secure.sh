@@ -80,7 +80,10 @@ ssl.keystore.type=PEM
 ssl.keystore.location=$SECRETS/broker.pem
 ssl.truststore.type=PEM
 ssl.truststore.location=$SECRETS/ca.pem
-ssl.client.auth=none
+# A client certificate is checked when one is given (it must be signed by
+# ca.pem); SASL names the user either way. (On a SASL_SSL listener only the
+# listener's own setting counts.)
+listener.name.sasl_ssl.ssl.client.auth=requested
 ssl.endpoint.identification.algorithm=https
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 super.users=User:admin

@@ -314,3 +314,30 @@ def test_the_kafka_clients_debug_log_shows_the_configuration_without_the_passwor
     text = debug.read_text()
     assert "'sasl_plain_password': '***'" in text  # the admin client logs its configuration
     assert broker.password("admin") not in text + out.stdout + out.stderr
+
+
+def _client_certificate(directory: Path, ca: Path, ca_key: Path, name: str) -> tuple[Path, Path]:
+    key, csr, cert = directory / f"{name}.key", directory / f"{name}.csr", directory / f"{name}.pem"
+    subprocess.run(["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={name}"],
+                   check=True, capture_output=True, timeout=30)
+    subprocess.run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+                    "-CAcreateserial", "-out", str(cert), "-days", "1"], check=True, capture_output=True, timeout=30)
+    return cert, key
+
+
+def test_a_client_certificate_is_presented_and_one_the_broker_does_not_trust_is_refused(broker, tmp_path):
+    trusted = _client_certificate(tmp_path, broker.secrets / "ca.pem", broker.secrets / "ca.key", "trusted")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(tmp_path / "rogue-ca.key"), "-out", str(tmp_path / "rogue-ca.pem"), "-days", "1",
+                    "-subj", "/CN=rogue CA"], check=True, capture_output=True, timeout=30)
+    rogue = _client_certificate(tmp_path, tmp_path / "rogue-ca.pem", tmp_path / "rogue-ca.key", "rogue")
+    results = {}
+    for name, (cert, key) in (("trusted", trusted), ("rogue", rogue)):
+        results[name] = _cli("nodes", "--bootstrap", broker.bootstrap, "--listen", "0.5", "--kafka-ssl-certfile",
+                             str(cert), "--kafka-ssl-keyfile", str(key),
+                             env=dict(broker.env_of("cli"), TRAINWARDEN_TOPIC_PREFIX=broker.prefix))
+    assert results["trusted"].returncode == 0, results["trusted"].stderr
+    assert results["rogue"].returncode == 1, results["rogue"].stderr
+    assert f"Kafka at {broker.bootstrap}" in results["rogue"].stderr, results["rogue"].stderr
+    assert "TLS handshake" in results["rogue"].stderr and "Traceback" not in results["rogue"].stderr
