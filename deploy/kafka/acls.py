@@ -44,8 +44,9 @@ GRANTS = {
     "agent": ({"commands"}, {"events", "logs", "nodes", "deadletter"}, ["agent-"]),
     "notifier": ({"decisions", "actuator"}, {"deadletter"}, ["notifier"]),
     # submit (writes a submission, follows logs and decisions), nodes (reads
-    # states and heartbeats, isolates), kafka init (creates the topics).
-    "cli": ({"logs", "decisions", "actuator", "nodes"}, {"events", "actuator"}, []),
+    # states and heartbeats, isolates), kafka init (creates the topics); like
+    # every consumer, it dead-letters a message whose signature fails.
+    "cli": ({"logs", "decisions", "actuator", "nodes"}, {"events", "actuator", "deadletter"}, []),
 }
 
 
