@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from trainwarden.bus import BusError, TopicSpec
+from trainwarden.bus.base import read_to_end
+from trainwarden.bus.serde import SIGNED_PREFIX
 from trainwarden.bus.kafka import KafkaBus
 from trainwarden.bus.kafka_security import ENV_PREFIX, SETTINGS, KafkaSecurity
 from tests.cluster.processes import KAFKA_SCRIPT, ServiceProcesses, behave, free_port, wait_for
@@ -152,13 +154,18 @@ class SecureServices(ServiceProcesses):
 def secure_services(broker, tmp_path, monkeypatch):
     for name, value in broker.env_of("admin").items():
         monkeypatch.setenv(name, value)
+    # The locked-down form of the manifests: the services also sign what they produce.
+    keyring = tmp_path / "signing.keyring"
+    keyring.write_text(f"k1 {uuid.uuid4().hex}{uuid.uuid4().hex}\n")
+    keyring.chmod(0o600)
+    monkeypatch.setenv("TRAINWARDEN_SIGNING_KEY_FILE", str(keyring))
     services = SecureServices(broker, tmp_path)
     yield services
     services.stop()
 
 
-def test_with_sasl_ssl_and_acls_the_services_run_a_job_through_a_crash_to_its_end(secure_services, job_id, broker,
-                                                                                  tmp_path, receiver):
+def test_with_sasl_ssl_acls_and_signing_the_services_run_a_job_through_a_crash_to_its_end(
+        secure_services, job_id, broker, tmp_path, receiver):
     services = secure_services
     hook = receiver()
     (tmp_path / "subscriptions").mkdir()
@@ -181,6 +188,14 @@ def test_with_sasl_ssl_and_acls_the_services_run_a_job_through_a_crash_to_its_en
 
     wait_for(lambda: "job.succeeded" in delivered(), 60, "the notifier's job.succeeded")
     assert delivered() == ["job.restarted", "job.succeeded"], delivered()
+    # What made things happen went through signed.
+    for kind in ("commands", "decisions"):
+        consumer = broker.bus("admin").consumer([services.topic(kind)], None, from_beginning=True)
+        try:
+            records = read_to_end(consumer)
+        finally:
+            consumer.close()
+        assert records and all(r.value.startswith(SIGNED_PREFIX) for r in records), kind
     assert all(services.alive().values()), services.alive()
     logs = services.logs()
     assert "does not let" not in logs and "refused the SASL" not in logs, logs
