@@ -149,6 +149,7 @@ class JobSpec(msgspec.Struct, frozen=True):
     stop_grace_s: float = 10.0
     checkpoint_dir: str = ""  # TRAINWARDEN_CHECKPOINT_DIR of every instance
     runtime: str = "agents"  # where the cluster runs it: agents, slurm (runtime/registry.py)
+    preload: tuple[str, ...] = ()  # modules a standby interpreter imports before it becomes an instance
 
     def role(self, name: str) -> RoleSpec:
         return next(r for r in self.roles if r.name == name)

@@ -9,6 +9,7 @@ From a YAML file (``trainwarden run job.yaml``):
     env: {DATA_DIR: /data}        # for every instance
     stop_grace_s: 10              # SIGTERM -> SIGKILL when stopping instances
     checkpoint_dir: ckpt/{job_id} # TRAINWARDEN_CHECKPOINT_DIR of every instance
+    preload: [torch, numpy]       # imported by a standby interpreter before each (re)start
     roles:
       worker:
         count: 2
@@ -65,6 +66,8 @@ class JobDefinition:
     checkpoint_dir: Optional[str] = None
     # Where the cluster runs it (trainwarden submit --runtime): agents, slurm.
     runtime: str = "agents"
+    # Modules a standby interpreter imports before it becomes an instance (runtime/standby.py).
+    preload: tuple[str, ...] = ()
 
     def instances(self) -> tuple[InstanceSpec, ...]:
         specs = []
@@ -80,7 +83,12 @@ class JobDefinition:
         """How to start the instances, as every runtime takes it."""
         return JobSpec(roles=tuple(RoleSpec(r.name, r.count, r.command, r.env) for r in self.roles),
                        workdir=self.workdir or "", env=self.env, stop_grace_s=self.stop_grace_s,
-                       checkpoint_dir=self.checkpoint_dir or "", runtime=self.runtime)
+                       checkpoint_dir=self.checkpoint_dir or "", runtime=self.runtime, preload=self.preload)
+
+    def with_preload(self, modules: tuple[str, ...]) -> "JobDefinition":
+        """The job with ``modules`` added to its preload list (``--preload``)."""
+        merged = self.preload + tuple(m for m in modules if m not in self.preload)
+        return dataclasses.replace(self, preload=merged)
 
 
 def make_job_id(command: tuple[str, ...] = ()) -> str:
@@ -117,6 +125,26 @@ def from_command(command: list[str], nproc: int, args: str, job_id: Optional[str
     )
 
 
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+MAX_PRELOAD = 64
+
+
+def parse_preload(text: str, where: str = "--preload") -> tuple[str, ...]:
+    """``torch,numpy`` -> ("torch", "numpy"); a name that is not a module path is refused."""
+    modules = tuple(m.strip() for m in text.split(",") if m.strip())
+    return check_preload(modules, where)
+
+
+def check_preload(modules, where: str) -> tuple[str, ...]:
+    if len(modules) > MAX_PRELOAD:
+        raise ConfigError(f"{where}: at most {MAX_PRELOAD} modules, not {len(modules)}")
+    for name in modules:
+        if not isinstance(name, str) or not MODULE_RE.match(name):
+            raise ConfigError(f"{where}: {name!r} is not a module name",
+                              hint="give dotted module names, e.g. torch,numpy,transformers")
+    return tuple(dict.fromkeys(modules))
+
+
 def _env(fields: Fields, key: str) -> tuple[tuple[str, str], ...]:
     raw = fields.get(key, dict, {})
     pairs = []
@@ -133,7 +161,7 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
     path = Path(path)
     top = Fields(load_yaml_file(path), path, "a job file",
                  known=("job_id", "framework", "args", "workdir", "env", "stop_grace_s", "roles",
-                        "checkpoint_dir"))
+                        "checkpoint_dir", "preload"))
     framework = top.get("framework", str, "pytorch")
     if framework not in FRAMEWORKS:
         raise top.error("framework", f"'framework' must be one of {', '.join(FRAMEWORKS)}, not {framework!r}")
@@ -170,6 +198,12 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
     file_job_id = top.get("job_id", str, None)
     env = _env(top, "env")
     checkpoint_dir = top.get("checkpoint_dir", str, None)
+    preload_raw = top.get("preload", (list, str), [])
+    try:
+        preload = parse_preload(preload_raw, "'preload'") if isinstance(preload_raw, str) else \
+            check_preload(tuple(preload_raw), "'preload'")
+    except ConfigError as exc:
+        raise top.error("preload", str(exc), exc.hint) from None
     top.done()
     chosen = job_id or file_job_id
     final_id = check_job_id(chosen) if chosen else make_job_id(roles[0].command)
@@ -182,5 +216,5 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
         job_id=final_id, framework=framework, args=args, settings=settings, roles=tuple(roles),
         workdir=str(resolved), env=env, stop_grace_s=float(stop_grace), spot=tuple(bids),
         checkpoint_dir=str((path.parent / checkpoint_dir.replace("{job_id}", final_id)).resolve())
-        if checkpoint_dir else None,
+        if checkpoint_dir else None, preload=preload,
     )

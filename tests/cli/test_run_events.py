@@ -30,8 +30,10 @@ def test_run_emits_every_event_as_a_json_line(cli, job_id, store):
     assert restart["instance"] == "worker-1" and restart["error_code"] == 137 and restart["error_message"] == "killed"
     assert restart["rule"] and restart["reason"] and restart["action_id"]
     assert decisions[-1]["kind"] == "complete_job"
-    texts = [e["text"] for e in events if e["event"] == "line" and e["stream"] == "stdout"]
-    assert texts == [TRICKY] * 4
+    lines = [e for e in events if e["event"] == "line" and e["stream"] == "stdout"]
+    assert {e["text"] for e in lines} == {TRICKY}
+    # worker-0's first round may be stopped by the restart before its interpreter got to print.
+    assert {(e["instance"], e["round"]) for e in lines} >= {("worker-1", 0), ("worker-0", 1), ("worker-1", 1)}
     finished = events[-1]
     assert finished["status"] == "succeeded" and finished["exit_code"] == 0 and finished["restarts"] == 1
     assert "trainwarden ▸" not in result.out

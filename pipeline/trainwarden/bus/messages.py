@@ -84,6 +84,8 @@ class StartInstance(msgspec.Struct, frozen=True, tag="start_instance"):
     env: tuple[tuple[str, str], ...] = ()
     workdir: str = ""
     max_restarts: int = 0
+    # Modules the agent's standby interpreters import for the job (runtime/standby.py).
+    preload: tuple[str, ...] = ()
 
 
 class StopInstances(msgspec.Struct, frozen=True, tag="stop_instances"):

@@ -25,7 +25,7 @@ from trainwarden.cli.notify_cmd import add_notify_options, notify_options
 from trainwarden.cli.output import ConsoleReporter, add_output_options, err_console, examples, fail, iso, listing
 from trainwarden.cli.stores import store_target
 from trainwarden.events import DecisionKind
-from trainwarden.jobspec import from_command, load_job_file
+from trainwarden.jobspec import from_command, load_job_file, parse_preload
 from trainwarden.rules.loader import load_rules
 from trainwarden.runtime.clock import now as clock_now
 from trainwarden.services.logs import FORMATS as LOG_FORMATS
@@ -131,6 +131,9 @@ def add_commands(sub) -> None:
                                                            "pytorch)")
     _option(submit, "--runtime", default="agents", type=_choice("agents", "slurm"),
             help="where the cluster runs it: agents (Trainwarden's, the default) or slurm")
+    _option(submit, "--preload", metavar="MODULES",
+            help="modules the agents' standby interpreters import for the job, e.g. torch,numpy: a restart takes "
+                 "a warm interpreter instead of a fresh one (adds to the job file's preload:)")
     _switch(submit, "--follow", help="stream output and exit 0/1 with the outcome")
     _switch(submit, "--quiet", help="with --follow: decisions only")
     # As `run -o json`: JSON lines of events. --json is the same (as for every other command).
@@ -481,6 +484,8 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
     job = (load_job_file(args.job_file, job_id=args.job_id) if args.job_file
            else from_command(command, args.nproc, args.args or "", args.job_id, args.framework))
     job = dataclasses.replace(job, runtime=args.runtime)
+    if args.preload:
+        job = job.with_preload(parse_preload(args.preload))
     if job.spot:
         # The cluster has no market service yet: a spot job must not silently run on ordinary capacity.
         return fail("spot jobs run in the embedded mode only for now",

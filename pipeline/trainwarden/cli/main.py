@@ -21,6 +21,12 @@ from trainwarden.yamlsrc import ConfigError
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        # No abbreviations: an ambiguous prefix of a password option would be
+        # refused in an error that repeats its value.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # one sentence and a hint, exit 2
         sys.exit(fail(f"{message}.", hint=f"see '{self.prog} --help'"))
 
@@ -60,8 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stack-tools", default=os.environ.get("TRAINWARDEN_STACK_TOOLS", "py-spy,pystack"),
                      help="tools for stack snapshots of a hung job, in order of preference (default py-spy,pystack;"
                           " 'none' to skip)")
+    run.add_argument("--c4d-socket", metavar="PATH", default=os.environ.get("TRAINWARDEN_C4D_SOCKET"),
+                     help="a Unix socket that C4D's collector writes its lines to: the trusted diagnostic channel "
+                          "(a process of the job is refused) [env TRAINWARDEN_C4D_SOCKET]")
     run.add_argument("--c4d-log", default=os.environ.get("TRAINWARDEN_C4D_LOG"),
-                     help="the C4D agent's log file on this machine: the trusted diagnostic channel")
+                     help="the C4D agent's log file, accepted only if the job's user cannot write it; else use "
+                          "--c4d-socket [env TRAINWARDEN_C4D_LOG]")
+    run.add_argument("--history-wait", metavar="SECONDS", default=os.environ.get("TRAINWARDEN_HISTORY_WAIT"),
+                     help="at the end, how long to wait for room for history records that could not be written "
+                          "(a full disk); then exit 1 naming how many were lost (default 60) "
+                          "[env TRAINWARDEN_HISTORY_WAIT]")
+    run.add_argument("--preload", metavar="MODULES", default=os.environ.get("TRAINWARDEN_PRELOAD"),
+                     help="modules to import in a standby interpreter per instance, e.g. torch,numpy: every start "
+                          "and restart of a Python instance takes a warm standby instead of a fresh interpreter "
+                          "(adds to the job file's preload:) [env TRAINWARDEN_PRELOAD]")
     run.add_argument("--stack-timeout", type=float, default=float(os.environ.get("TRAINWARDEN_STACK_TIMEOUT", 10)),
                      help="seconds one process's stack dump may take (default 10)")
     add_notify_options(run, drain=True)

@@ -13,7 +13,7 @@ from trainwarden.cli.output import ConsoleReporter, err_console, fail
 from trainwarden.cli.stores import store_target
 from trainwarden.cli.notify_cmd import notify_options
 from trainwarden.diagnose.collect import tool_order
-from trainwarden.jobspec import from_command, load_job_file
+from trainwarden.jobspec import from_command, load_job_file, parse_preload
 from trainwarden.notify.queue import QueueError
 from trainwarden.rules.loader import load_rules
 from trainwarden.runtime.c4d_source import C4DChannelError, c4d_flags_problem
@@ -40,6 +40,8 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         if not 0 <= args.stop_grace <= 3600:
             return fail("--stop-grace must be from 0 to 3600 seconds")
         job = dataclasses.replace(job, stop_grace_s=args.stop_grace)
+    if args.preload:
+        job = job.with_preload(parse_preload(args.preload))
     parse_args_string(job.args)  # already checked; repeated so a bad string can never start a job
     market, bids = None, ()
     if job.spot and not args.market:
@@ -82,7 +84,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         return fail(f"--stack-tools: {exc}", hint="for example --stack-tools=pystack,py-spy or --stack-tools=none")
     if not 0.5 <= args.stack_timeout <= 300:
         return fail("--stack-timeout must be from 0.5 to 300 seconds")
-    history_wait = _history_wait(os.environ.get("TRAINWARDEN_HISTORY_WAIT"))
+    history_wait = _history_wait(args.history_wait)
     if isinstance(history_wait, int):
         return history_wait
     try:
@@ -138,8 +140,9 @@ def _history_wait(raw: str | None) -> float | int:
     text = raw.strip()
     seconds = float(text) if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) else -1.0
     if not 0 <= seconds <= 86400:
-        return fail(f"TRAINWARDEN_HISTORY_WAIT={raw!r} is not a number of seconds from 0 to 86400",
-                    hint=f"for example TRAINWARDEN_HISTORY_WAIT=300, or unset it for {HISTORY_WAIT_S:g} s")
+        return fail(f"--history-wait {raw!r} is not a number of seconds from 0 to 86400",
+                    hint=f"for example --history-wait 300 (or TRAINWARDEN_HISTORY_WAIT=300); {HISTORY_WAIT_S:g} s "
+                         f"when not given")
     return seconds
 
 

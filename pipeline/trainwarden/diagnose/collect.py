@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 from trainwarden.diagnose.report import StackReport, build_report
 from trainwarden.diagnose.stacks import ProcessDump, parse_pystack, parse_pyspy, parse_pyspy_json
@@ -100,10 +100,15 @@ def snapshot(tokens: Mapping[str, str], tools: Sequence[str] = DEFAULT_TOOLS,
 
 
 def dump_instances(tokens: Mapping[str, str], tools: Sequence[str] = DEFAULT_TOOLS,
-                   timeout_s: float = DEFAULT_TIMEOUT_S, workers: int = 16) -> tuple[list[ProcessDump], list[str]]:
-    """The dumps of every process of these instances, and what could not be dumped."""
-    targets = [(instance, pid) for instance, token in tokens.items() for pid in processes_of(token)]
-    missing = [f"{instance}: no process found" for instance, token in tokens.items() if not processes_of(token)]
+                   timeout_s: float = DEFAULT_TIMEOUT_S, workers: int = 16,
+                   roots: Optional[Mapping[str, int]] = None) -> tuple[list[ProcessDump], list[str]]:
+    """The dumps of every process of these instances, and what could not be
+    dumped. ``roots``: each instance's own process, which a standby that
+    became the instance started without the token in its environment."""
+    found = {instance: set(processes_of(token)) | ({roots[instance]} if roots and roots.get(instance) else set())
+             for instance, token in tokens.items()}
+    targets = [(instance, pid) for instance, pids in found.items() for pid in sorted(pids)]
+    missing = [f"{instance}: no process found" for instance, pids in found.items() if not pids]
     dumps: list[ProcessDump] = []
     if targets:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(targets))) as pool:

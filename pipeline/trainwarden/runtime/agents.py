@@ -111,7 +111,7 @@ class AgentsRuntime(ClusterJob):
             master_addr=cluster.nodes[master_node].address if master_node in cluster.nodes else node.address,
             master_port=master_port(self.job_id, round_), command=role.command,
             env=tuple(sorted(job_env(self.spec, role, self.settings).items())),
-            workdir=self.spec.workdir, max_restarts=self.settings.max_num_of_job_restart))
+            workdir=self.spec.workdir, max_restarts=self.settings.max_num_of_job_restart, preload=self.spec.preload))
 
     def stop(self, names: Sequence[str], snapshot: str = "") -> None:
         self.waiting = [w for w in self.waiting if w[0] not in names]

@@ -15,6 +15,13 @@ from trainwarden.settings import JobSettings
 # The supervisor's own settings, inherited from its environment: no instance
 # needs them, and the C4D channel's location is none of a job's business.
 SUPERVISOR_ONLY = frozenset({"TRAINWARDEN_C4D_LOG", "TRAINWARDEN_C4D_SOCKET", "TRAINWARDEN_CONTROL"})
+# The supervisor's credentials: a job must never inherit the broker's
+# password or the key that signs commands.
+SUPERVISOR_SECRET_PREFIXES = ("TRAINWARDEN_KAFKA_SASL_", "TRAINWARDEN_KAFKA_SSL_", "TRAINWARDEN_SIGNING_")
+
+
+def job_visible(name: str) -> bool:
+    return name not in SUPERVISOR_ONLY and not name.startswith(SUPERVISOR_SECRET_PREFIXES)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -27,7 +34,7 @@ def instance_env(*, base: Mapping[str, str], job_id: str, spec: InstanceSpec, wo
                  round_: int, start: int, max_restarts: int, master_addr: str, master_port: int,
                  control_address: str, token: str, sdk_path: str, extra: Mapping[str, str],
                  node: str) -> dict[str, str]:
-    env = {name: value for name, value in base.items() if name not in SUPERVISOR_ONLY}
+    env = {name: value for name, value in base.items() if job_visible(name)}
     env.update(extra)
     env.update({
         # torchrun's variables, so unmodified training scripts run as they would under torchrun.

@@ -32,14 +32,14 @@ class LocalJobRunner:
     def __init__(self, job: JobDefinition, sink: Callable[[Event], None], control: ControlServer, node: str,
                  run_dir: Path | None = None, line_sink: Callable[[Event, float], bool] | None = None,
                  reports=None, stack_tools: Sequence[str] = DEFAULT_TOOLS,
-                 stack_timeout_s: float = DEFAULT_TIMEOUT_S):
+                 stack_timeout_s: float = DEFAULT_TIMEOUT_S, say: Callable[[str], None] | None = None):
         self.job = job
         self.reports = reports  # the job's StackReports: where a hang's dumps go
         self.stack_tools = tuple(stack_tools)
         self.stack_timeout_s = stack_timeout_s
         self.control = control
         self.node = node
-        self.runtime = LocalRuntime(job.job_id, sink, node, line_sink=line_sink)
+        self.runtime = LocalRuntime(job.job_id, sink, node, line_sink=line_sink, preload=job.preload, say=say)
         self._specs = {spec.name: spec for spec in job.instances()}
         self._job_spec = job.spec()
         self._run_dir = Path(run_dir or tempfile.mkdtemp(prefix=f"trainwarden-{job.job_id}-"))
@@ -102,7 +102,8 @@ class LocalJobRunner:
         self.reports.expect(snapshot, self.job.job_id, self.node)
         tokens = {name: token for name, token in self._tokens.items() if name in names}
         try:
-            dumps, missing = dump_instances(tokens, self.stack_tools, self.stack_timeout_s) \
+            roots = {name: self.runtime.pid(name) for name in tokens}
+            dumps, missing = dump_instances(tokens, self.stack_tools, self.stack_timeout_s, roots=roots) \
                 if self.stack_tools else ([], ["no stack tool is configured"])
         except Exception as exc:  # noqa: BLE001 - a failed diagnosis must not stop the restart
             dumps, missing = [], [f"{self.node}: stack dump failed: {exc!r}"]

@@ -28,6 +28,8 @@ from typing import Callable, Optional, Sequence
 from trainwarden.events import Event, InstanceExited, InstanceStarted, LogLine, Stream
 from trainwarden.runtime.clock import now
 from trainwarden.runtime.keeper import MARK_VARIABLE, KeeperLease, carries, environment_mark
+from trainwarden.runtime.standby import python_invocation
+from trainwarden.runtime.standby_pool import StandbyPool
 
 MAX_LINE_BYTES = 16 * 1024
 POLL_S = 0.05
@@ -74,7 +76,11 @@ class RuntimeCounters:
 class LocalRuntime:
     def __init__(self, job_id: str, sink: Callable[[Event], None], node: str,
                  max_line_bytes: int = MAX_LINE_BYTES,
-                 line_sink: Optional[Callable[[Event, float], bool]] = None):
+                 line_sink: Optional[Callable[[Event, float], bool]] = None,
+                 preload: Sequence[str] = (), say: Optional[Callable[[str], None]] = None):
+        """``preload``: modules a standby interpreter imports for each Python
+        instance before it starts (runtime/standby.py); ``say`` tells the
+        operator once why an instance started fresh instead."""
         self.job_id = job_id
         self.node = node
         self.max_line_bytes = max_line_bytes
@@ -96,6 +102,9 @@ class LocalRuntime:
         self._mark = secrets.token_hex(8)
         self._starts = itertools.count(1)  # next() is atomic: starts come from several threads
         self._keeper = KeeperLease(self._mark)
+        # Warm interpreters for Python instances, when the job names modules to preload.
+        self._standbys = StandbyPool(preload, spawn_argv=_with_parent_death_signal, on_spawn=self._keeper.watch,
+                                     say=say or _say) if preload else None
         self._thread = threading.Thread(target=self._io_loop, name="runtime-io", daemon=True)
         self._thread.start()
 
@@ -106,15 +115,17 @@ class LocalRuntime:
         mark = f"{self._mark}-{next(self._starts)}"
         env = {**env, MARK_VARIABLE: mark}
         try:
-            argv = _with_parent_death_signal(_resolve(command, env, cwd))
-            popen = subprocess.Popen(
-                argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            )
+            resolved = _resolve(command, env, cwd)
+            popen = self._from_standby(resolved, env, cwd)
+            if popen is None:
+                popen = subprocess.Popen(
+                    _with_parent_death_signal(resolved), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                )
+                self._keeper.watch(popen.pid)  # its own session: pid = process group = session id
         except OSError as exc:
             self._could_not_start(name, command, exc, round_, start)
             return 0
-        self._keeper.watch(popen.pid)  # its own session: pid = process group = session id
         pipes = []
         for stream, handle in ((Stream.STDOUT, popen.stdout), (Stream.STDERR, popen.stderr)):
             fd = os.dup(handle.fileno())
@@ -131,6 +142,20 @@ class LocalRuntime:
             self._to_register.append(proc)
         os.write(self._wake_w, b"x")
         return popen.pid
+
+    def _from_standby(self, argv: list[str], env: dict, cwd: Optional[str]) -> Optional[subprocess.Popen]:
+        """A warm standby become this instance (``preload``), or None: start it fresh."""
+        if self._standbys is None:
+            return None
+        invocation, why = python_invocation(argv)
+        if invocation is None:
+            self._standbys.fresh(why)
+            return None
+        standby = self._standbys.take(invocation, env, cwd, MARK_VARIABLE, f"{self._mark}-standby")
+        if standby is None:
+            return None
+        standby.hand_over(invocation, env, cwd)  # watched by the keeper since it was spawned
+        return standby.popen
 
     def _could_not_start(self, name: str, command: Sequence[str], exc: OSError, round_: int, start: int) -> None:
         """Report it the way a shell would: the instance ran and exited 127
@@ -206,6 +231,8 @@ class LocalRuntime:
 
     def close(self, grace_s: float = 5.0) -> None:
         self.stop_all(grace_s)
+        if self._standbys is not None:
+            self._standbys.close()
         self._keeper.close()
         self._closed = True
         os.write(self._wake_w, b"x")
@@ -347,6 +374,10 @@ class LocalRuntime:
 
 
 _SETPRIV = shutil.which("setpriv")
+
+
+def _say(text: str) -> None:
+    print(f"trainwarden: {text}", file=sys.stderr)
 
 
 def _resolve(command: Sequence[str], env: dict, cwd: Optional[str]) -> list[str]:

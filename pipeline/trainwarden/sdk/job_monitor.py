@@ -127,13 +127,7 @@ class Monitor:
 
 def endpoint() -> str:
     """The engine's socket path, or "" without an engine."""
-    path = os.environ.get("TRAINWARDEN_SDK_SOCKET", "")
-    if not path:
-        # The Slurm task wrapper still hands the adopting agent's endpoint over
-        # under its former name; only a path (a socket) is taken from it.
-        former = os.environ.get("TRAINWARDEN_CONTROL", "")
-        path = former if former.startswith("/") else ""
-    return path
+    return os.environ.get("TRAINWARDEN_SDK_SOCKET", "")
 
 
 def _read_line(conn: socket.socket) -> bytes:

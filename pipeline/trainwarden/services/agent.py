@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import os
 import socket
 import threading
@@ -55,6 +56,8 @@ COMMAND_TTL_S = 60.0
 # the job's stop_grace_s: the whole agent must be gone within 5 s of its own
 # SIGTERM, closing its consumers and producer included.
 STOP_GRACE_S = 2.0
+
+_log = logging.getLogger("trainwarden.agent")
 
 
 @dataclasses.dataclass
@@ -222,7 +225,9 @@ class Agent:
         runtime = self.runtimes.get(command.job_id)
         if runtime is None:
             runtime = self.runtimes[command.job_id] = LocalRuntime(
-                command.job_id, self.inbox.put, self.node, line_sink=self.inbox.offer_line)
+                command.job_id, self.inbox.put, self.node, line_sink=self.inbox.offer_line,
+                preload=command.preload,
+                say=lambda text, job=command.job_id: _log.info("job %s: %s", job, text))
         if current is not None:
             self.retiring[(current.job_id, current.instance, current.round, current.start)] = current
         token = self.control.issue_token(Incarnation(command.job_id, command.instance.name, command.round,
@@ -299,7 +304,8 @@ class Agent:
         if command.snapshot_report:
             tools, timeout = configured()
             try:
-                dumps, missing = dump_instances(tokens, tools, timeout)
+                roots = {name: runtime.pid(name) for name in tokens} if runtime is not None else None
+                dumps, missing = dump_instances(tokens, tools, timeout, roots=roots)
             except Exception as exc:  # noqa: BLE001 - a failed dump must not keep the instances alive
                 dumps, missing = [], [f"{self.node}: stack dump failed: {exc!r}"]
             try:

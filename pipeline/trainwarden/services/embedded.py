@@ -247,7 +247,8 @@ class EmbeddedRun:
         control = ControlServer(deliver=self.inbox.put, on_refused=self._refused)
         runner = self._runner = LocalJobRunner(self.job, self.inbox.put, control, self.node,
                                                line_sink=self.inbox.offer_line, reports=reports,
-                                               stack_tools=self.stack_tools, stack_timeout_s=self.stack_timeout_s)
+                                               stack_tools=self.stack_tools, stack_timeout_s=self.stack_timeout_s,
+                                               say=self.reporter.info)
         supervisor = self.supervisor = Supervisor(runner, _CurrentHistory(self), reports, facts, node=self.node,
                                                   clock=clock_now, notify=self._notify)
         # The first write fails loudly (a wrong --store is a usage problem);

@@ -166,7 +166,7 @@ class SlurmRuntime(ClusterJob):
                 extra=job_env(self.spec, role, self.settings), node="")
             # Slurm's and the node's: task.py sets them (torchrun's from Slurm's, the agent's SDK address).
             for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                        "MASTER_PORT", "TRAINWARDEN_NODE", "TRAINWARDEN_CONTROL"):
+                        "MASTER_PORT", "TRAINWARDEN_NODE", "TRAINWARDEN_CONTROL", "TRAINWARDEN_SDK_SOCKET"):
                 env.pop(key, None)
             command = list(role.command)
             if self.spec.workdir:

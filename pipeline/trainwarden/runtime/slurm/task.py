@@ -168,7 +168,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if plan.get("control_dir"):
         # The SDK endpoint of this node's agent, which adopts the task (adopt.py).
         try:
-            child_env["TRAINWARDEN_CONTROL"] = (Path(plan["control_dir"]) / f"{node}.address").read_text().strip()
+            child_env["TRAINWARDEN_SDK_SOCKET"] = (Path(plan["control_dir"]) / f"{node}.address").read_text().strip()
         except OSError:
             print(f"{PROG}: no Trainwarden agent has said where it listens on node {node!r}; "
                   "the job's SDK calls will not reach it", file=sys.stderr)
