@@ -28,6 +28,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "tests" / "torch" / "programs" / "ddp_train.py"
@@ -72,7 +73,20 @@ def parse(output: str) -> dict:
             "rounds": rounds, "decision_t": decision_t}
 
 
-def run_trainwarden(fault: str, tmp: Path, cap: float) -> dict:
+_READY = re.compile(r"process group ready rank=(?P<rank>\d+) round=(?P<round>\d+) t=(?P<t>\d+\.\d+)")
+
+
+def ready_again(output: str) -> Optional[float]:
+    """When the last rank's process group was ready again after the restart."""
+    times: dict[int, float] = {}
+    for line in output.splitlines():
+        match = _READY.search(line)
+        if match and int(match["round"]) > 0:
+            times.setdefault(int(match["rank"]), float(match["t"]))
+    return max(times.values()) if len(times) == 3 else None
+
+
+def run_trainwarden(fault: str, tmp: Path, cap: float, preload: str = "") -> dict:
     job_id = f"bench-{fault}-{int(time.time())}"
     store = tmp / "store"
     checkpoints = tmp / f"{job_id}-ckpt"
@@ -84,6 +98,7 @@ def run_trainwarden(fault: str, tmp: Path, cap: float) -> dict:
         args: {ARGS}
         stop_grace_s: 5
         checkpoint_dir: {checkpoints}
+        preload: {json.dumps([m for m in preload.split(",") if m])}
         roles:
           worker:
             count: 3
@@ -95,6 +110,7 @@ def run_trainwarden(fault: str, tmp: Path, cap: float) -> dict:
     proc = subprocess.run([*TRAINWARDEN, "run", str(job)], capture_output=True, text=True, env=env, timeout=cap + 120)
     wall = time.time() - started
     facts = parse(proc.stdout + proc.stderr)
+    facts["ready_t"] = ready_again(proc.stdout + proc.stderr)
     records = json.loads(subprocess.run([*TRAINWARDEN, "history", "--job", job_id, "--json", "--wide"],
                                         capture_output=True, text=True, env=env).stdout or "[]")
     stages = json.loads(subprocess.run([*TRAINWARDEN, "history", "--stages", "--job", job_id, "--json"],
@@ -126,6 +142,7 @@ def run_torchrun(fault: str, tmp: Path, cap: float) -> dict:
         subprocess.run(["pkill", "-f", str(PROGRAM)], check=False)
     wall = time.time() - started
     facts = parse(output)
+    facts["ready_t"] = ready_again(output)
     restarts = max(facts["rounds"]) if facts["rounds"] else 0
     return dict(facts, restarts=restarts, code=code, wall=wall, acted=facts["decision_t"] is not None)
 
