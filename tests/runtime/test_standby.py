@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -59,10 +60,10 @@ def pool():
         made.close()
 
 
-def _run(pool, command, env, cwd, timeout=60):
+def _run(pool, command, env, cwd, timeout=60, instance="worker-0"):
     invocation, why = python_invocation(command)
     assert invocation is not None, why
-    standby = pool.take(invocation, env, str(cwd), MARK, "test-mark")
+    standby = pool.take(instance, invocation, env, str(cwd), MARK, "test-mark")
     assert standby is not None, pool.said
     standby.hand_over(invocation, env, str(cwd))
     out, err = standby.popen.communicate(timeout=timeout)
@@ -143,14 +144,40 @@ def test_atexit_handlers_and_threads_finish_before_the_instance_exits(pool, tmp_
     assert code == 4 and out.index("thread done") < out.index("atexit ran")
 
 
-def test_a_preload_that_fails_means_ordinary_starts_said_once(pool, tmp_path):
+def test_a_preload_that_fails_still_runs_the_instance_then_means_ordinary_starts_said_once(pool, tmp_path):
     made = pool(("no_such_module_for_trainwarden",))
-    invocation, _ = python_invocation([sys.executable, "-c", "pass"])
-    for _ in range(2):
-        assert made.take(invocation, _env(tmp_path), str(tmp_path), MARK, "m") is None
-    said = [text for text in made.said if "standby interpreter exited with code 3" in text]
+    script = tmp_path / "job.py"
+    script.write_text("print('ran')\n")
+    # The first standby was handed its instance before its imports ended: it runs it as python would.
+    code, out, err = _run(made, [sys.executable, str(script)], _env(tmp_path), tmp_path)
+    assert (code, out, err) == (0, "ran\n", "")
+    invocation, _ = python_invocation([sys.executable, str(script)])
+    deadline = time.monotonic() + 60
+    while made.take("worker-0", invocation, _env(tmp_path), str(tmp_path), MARK, "m") is not None:
+        assert time.monotonic() < deadline, made.said
+        time.sleep(0.2)
+    assert made.take("worker-0", invocation, _env(tmp_path), str(tmp_path), MARK, "m") is None
+    said = [text for text in made.said if "preloading no_such_module_for_trainwarden failed" in text]
     assert len(said) == 1 and "No module named 'no_such_module_for_trainwarden'" in said[0], made.said
-    assert made.counters["fresh_starts"] == 2
+
+
+def test_a_round_takes_one_standby_per_instance_without_waiting_for_imports(pool, tmp_path):
+    slow = tmp_path / "slow_import.py"
+    slow.write_text("import time\ntime.sleep(2)\n")
+    made = pool(("slow_import",))
+    invocation, _ = python_invocation([sys.executable, "-c", "pass"])
+    started = time.monotonic()
+    taken = [made.take(f"worker-{i}", invocation, _env(tmp_path), str(tmp_path), MARK, "m") for i in range(3)]
+    assert all(taken) and time.monotonic() - started < 1.5  # three imports of 2 s each were not waited for
+    for standby in taken:
+        standby.hand_over(invocation, _env(tmp_path), str(tmp_path))
+        standby.popen.communicate(timeout=60)
+    # One spare per instance, for the next round.
+    deadline = time.monotonic() + 30
+    while len(made.idle_pids()) < 3:
+        assert time.monotonic() < deadline, made.idle_pids()
+        time.sleep(0.1)
+    assert len(made.idle_pids()) == 3
 
 
 def test_every_take_leaves_a_warm_successor_and_close_ends_the_idle_ones(pool, tmp_path):
@@ -162,7 +189,6 @@ def test_every_take_leaves_a_warm_successor_and_close_ends_the_idle_ones(pool, t
     for _ in range(100):
         if deadline_pids:
             break
-        import time
         time.sleep(0.1)
         deadline_pids = made.idle_pids()
     assert len(deadline_pids) == 1

@@ -116,7 +116,7 @@ class LocalRuntime:
         env = {**env, MARK_VARIABLE: mark}
         try:
             resolved = _resolve(command, env, cwd)
-            popen = self._from_standby(resolved, env, cwd)
+            popen = self._from_standby(name, resolved, env, cwd)
             if popen is None:
                 popen = subprocess.Popen(
                     _with_parent_death_signal(resolved), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -143,7 +143,7 @@ class LocalRuntime:
         os.write(self._wake_w, b"x")
         return popen.pid
 
-    def _from_standby(self, argv: list[str], env: dict, cwd: Optional[str]) -> Optional[subprocess.Popen]:
+    def _from_standby(self, name: str, argv: list[str], env: dict, cwd: Optional[str]) -> Optional[subprocess.Popen]:
         """A warm standby become this instance (``preload``), or None: start it fresh."""
         if self._standbys is None:
             return None
@@ -151,7 +151,7 @@ class LocalRuntime:
         if invocation is None:
             self._standbys.fresh(why)
             return None
-        standby = self._standbys.take(invocation, env, cwd, MARK_VARIABLE, f"{self._mark}-standby")
+        standby = self._standbys.take(name, invocation, env, cwd, MARK_VARIABLE, f"{self._mark}-standby")
         if standby is None:
             return None
         standby.hand_over(invocation, env, cwd)  # watched by the keeper since it was spawned

@@ -200,13 +200,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     # Started as a script, sys.path[0] is this file's directory, whose module
     # names must not shadow the job's: the job's working directory instead.
     sys.path[0] = os.getcwd()
+    status = b"R"
     for name in modules:
         try:
             __import__(name)
-        except BaseException as exc:  # noqa: BLE001 - the pool sees it die and starts instances fresh
-            print(f"trainwarden standby: preloading {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            os._exit(3)
-    os.write(ready_fd, b"R")
+        except BaseException as exc:  # noqa: BLE001 - the instance imports what it needs itself, as fresh
+            # Said to the pool, not on stderr: that is the instance's output.
+            status = f"F preloading {name} failed: {type(exc).__name__}: {exc}"[:500].encode("utf-8", "replace")
+            break
+    try:
+        os.write(ready_fd, status)
+    except OSError:
+        pass  # the pool no longer asks: it handed this standby its instance before the imports ended
     os.close(ready_fd)
     data = _read_all(control_fd)
     os.close(control_fd)

@@ -27,9 +27,6 @@ from typing import Callable, Optional, Sequence
 from trainwarden.runtime.standby import Invocation
 
 STANDBY_SCRIPT = str(Path(__file__).resolve().parent / "standby.py")
-# A first round waits this long for a standby still importing: it started
-# earlier than a fresh process would, so waiting is never slower than that.
-READY_WAIT_S = 120.0
 # An instance's own variables: a standby starts before any instance exists.
 INSTANCE_VARIABLES = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
@@ -46,18 +43,25 @@ class Standby:
     ready: int  # read end: b"R" once the modules are imported
     key: str
     warm: bool = False
+    failure: str = ""  # why its preload failed, as it said
 
     def is_ready(self, wait_s: float = 0.0) -> Optional[bool]:
-        """True once warm; False if it died; None while still importing."""
+        """True once warm; False if it died or its preload failed; None while
+        still importing."""
         if self.warm:
             return self.popen.poll() is None
+        if self.failure:
+            return False
         readable, _, _ = select.select([self.ready], [], [], max(0.0, wait_s))
         if not readable:
             return None if self.popen.poll() is None else False
         try:
-            self.warm = os.read(self.ready, 1) == b"R"
+            said = os.read(self.ready, 1024)
         except OSError:
-            self.warm = False
+            said = b""
+        self.warm = said == b"R"
+        if said.startswith(b"F "):
+            self.failure = said[2:].decode("utf-8", "replace")
         return self.warm and self.popen.poll() is None
 
     def hand_over(self, invocation: Invocation, env: dict, cwd: Optional[str]) -> None:
@@ -115,6 +119,9 @@ class StandbyPool:
         self._say = say
         self._said: set[str] = set()
         self._idle: dict[str, list[Standby]] = {}
+        self._instances: dict[str, set[str]] = {}  # key -> the instances that started with it: one spare each
+        self._pending: dict[str, int] = {}  # key -> spawns asked for, not yet kept
+        self._broken: dict[str, str] = {}  # key -> why its preload failed: ordinary starts from then on
         self._lock = threading.Lock()
         self._jobs: "queue.SimpleQueue[Optional[tuple[Future, list, dict, Optional[str], str]]]" = queue.SimpleQueue()
         self._closed = False
@@ -124,40 +131,63 @@ class StandbyPool:
 
     # ------------------------------------------------------------ instances
 
-    def take(self, invocation: Invocation, env: dict, cwd: Optional[str], mark_variable: str,
+    def take(self, instance: str, invocation: Invocation, env: dict, cwd: Optional[str], mark_variable: str,
              mark: str) -> Optional[Standby]:
-        """A warm standby for this instance, with a replacement on its way; or
-        None (said once per reason), and the instance starts fresh."""
+        """A standby for this instance (a warm one first, else one still
+        importing, which reads its instance once its imports are done), with
+        the pool topped up to one spare per instance of this key in the
+        background; or None (said once per reason): the instance starts fresh.
+        Never waits for imports: the instances of a round start together."""
         key = env_key(invocation.interpreter, env, cwd, self.modules, mark_variable)
         spare_env = standby_env(env, mark_variable, mark)
-        chosen = None
         with self._lock:
-            candidates = self._idle.get(key, [])
-            while candidates and chosen is None:
-                standby = candidates.pop(0)
-                state = standby.is_ready()
-                if state is False:
-                    self._lost(standby)
-                else:
-                    chosen = standby
-        if chosen is None:  # the first start of this key: one now, waited for below
+            if key in self._broken:
+                self.counters["fresh_starts"] += 1
+                return None
+            self._instances.setdefault(key, set()).add(instance)
+            chosen = self._choose(key)
+        if chosen is None:  # none spare: one now
             chosen = self._spawn(invocation.interpreter, spare_env, cwd, key).result()
-        self._spawn_later(invocation.interpreter, spare_env, cwd, key)  # this one's successor
+        self._top_up(invocation.interpreter, spare_env, cwd, key)
         if chosen is None:
-            self.counters["fresh_starts"] += 1
-            return None
-        state = chosen.is_ready(READY_WAIT_S)
-        if not state:
-            self._lost(chosen, still_importing=state is None)
             self.counters["fresh_starts"] += 1
             return None
         self.counters["taken"] += 1
         return chosen
 
-    def _lost(self, standby: Standby, still_importing: bool = False) -> None:
+    def _choose(self, key: str) -> Optional[Standby]:
+        idle = self._idle.get(key, [])
+        states = [(standby, standby.is_ready()) for standby in idle]
+        for standby, state in states:
+            if state is False:
+                idle.remove(standby)
+                self._lost(standby)
+        if key in self._broken:
+            return None
+        for wanted in (True, None):
+            for standby, state in states:
+                if state is wanted and standby in idle:
+                    idle.remove(standby)
+                    return standby
+        return None
+
+    def _top_up(self, interpreter: str, env: dict, cwd: Optional[str], key: str) -> None:
+        with self._lock:
+            missing = len(self._instances.get(key, ())) - len(self._idle.get(key, ())) - self._pending.get(key, 0)
+            if key in self._broken or missing <= 0:
+                return
+            self._pending[key] = self._pending.get(key, 0) + missing
+        for _ in range(missing):
+            self._spawn_later(interpreter, env, cwd, key)
+
+    def _lost(self, standby: Standby) -> None:
+        """A standby that died or could not preload (the pool's lock is held)."""
         self.counters["died"] += 1
-        why = "did not finish importing in time" if still_importing else _last_words(standby)
-        self._once(f"a standby interpreter {why}; instances start as ordinary processes until one is ready")
+        if standby.failure:
+            self._broken[standby.key] = standby.failure
+            self._once(f"{standby.failure}; instances start as ordinary processes")
+        else:
+            self._once(f"a standby interpreter {_last_words(standby)}; it is replaced")
         standby.close()
 
     def fresh(self, reason: str) -> None:
@@ -181,12 +211,13 @@ class StandbyPool:
 
     def _spawn_later(self, interpreter: str, env: dict, cwd: Optional[str], key: str) -> None:
         future = self._spawn(interpreter, env, cwd, key)
-        future.add_done_callback(lambda done: self._keep(done.result()))
+        future.add_done_callback(lambda done: self._keep(done.result(), key))
 
-    def _keep(self, standby: Optional[Standby]) -> None:
-        if standby is None:
-            return
+    def _keep(self, standby: Optional[Standby], key: str) -> None:
         with self._lock:
+            self._pending[key] = max(0, self._pending.get(key, 0) - 1)
+            if standby is None:
+                return
             if self._closed:
                 standby.close()
                 return
@@ -230,6 +261,9 @@ class StandbyPool:
             self._closed = True
             idle = [s for group in self._idle.values() for s in group]
             self._idle.clear()
+            for standby in idle:  # a failed preload is said even if no later start met it
+                if standby.is_ready() is False and standby.failure:
+                    self._once(f"{standby.failure}; instances start as ordinary processes")
         self._jobs.put(None)
         self._thread.join(10.0)
         for standby in idle:
