@@ -1,6 +1,6 @@
 """Back to training after a crash: the same real PyTorch DDP job
 (tests/torch/programs/ddp_train.py: gloo on CPU, 3 ranks, a checkpoint
-every 5 steps) with rank 1 SIGKILLed, under Trainwarden without and with
+every 5 steps) with rank 1 SIGKILLed 10 s into training, under Trainwarden without and with
 ``--preload`` (standby interpreters that imported torch before the restart)
 and under torchrun.
 
@@ -26,10 +26,15 @@ import torch_faults  # noqa: E402 - the same job, launchers and parsing as bench
 PRELOAD = "torch,torch._dynamo,torch.distributed,torch.nn.parallel"
 
 
+# The fault comes 10 s into training, as faults do in a job's steady state
+# (not while the job, and the standbys for its next round, are starting).
+STEADY = ("--steps", "260", "--fault-step", "200")
+
+
 def run(launcher: str, tmp: Path) -> dict:
     if launcher == "torchrun":
-        return torch_faults.run_torchrun("sigkill", tmp, cap=180)
-    return torch_faults.run_trainwarden("sigkill", tmp, cap=180,
+        return torch_faults.run_torchrun("sigkill", tmp, cap=180, extra=STEADY)
+    return torch_faults.run_trainwarden("sigkill", tmp, cap=180, extra=STEADY,
                                         preload=PRELOAD if launcher == "preload" else "")
 
 

@@ -86,7 +86,7 @@ def ready_again(output: str) -> Optional[float]:
     return max(times.values()) if len(times) == 3 else None
 
 
-def run_trainwarden(fault: str, tmp: Path, cap: float, preload: str = "") -> dict:
+def run_trainwarden(fault: str, tmp: Path, cap: float, preload: str = "", extra: tuple = ()) -> dict:
     job_id = f"bench-{fault}-{int(time.time())}"
     store = tmp / "store"
     checkpoints = tmp / f"{job_id}-ckpt"
@@ -103,7 +103,7 @@ def run_trainwarden(fault: str, tmp: Path, cap: float, preload: str = "") -> dic
           worker:
             count: 3
             command: {json.dumps([sys.executable, str(PROGRAM), "--result", str(tmp / (job_id + ".json")),
-                                  "--fault", fault])}
+                                  "--fault", fault, *extra])}
     """))
     env = dict(os.environ, TRAINWARDEN_STORE=str(store), PYTHONPATH=str(ROOT / "pipeline"))
     started = time.time()
@@ -125,13 +125,13 @@ def run_trainwarden(fault: str, tmp: Path, cap: float, preload: str = "") -> dic
                 acted=bool(records))
 
 
-def run_torchrun(fault: str, tmp: Path, cap: float) -> dict:
+def run_torchrun(fault: str, tmp: Path, cap: float, extra: tuple = ()) -> dict:
     checkpoints = tmp / f"torchrun-{fault}-ckpt"
     checkpoints.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINWARDEN_")}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
                "--max-restarts", "3", str(PROGRAM), "--result", str(tmp / f"torchrun-{fault}.json"),
-               "--fault", fault, "--checkpoint-dir", str(checkpoints)]
+               "--fault", fault, "--checkpoint-dir", str(checkpoints), *extra]
     started = time.time()
     try:
         proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=cap)
