@@ -45,14 +45,14 @@ class Standby:
     warm: bool = False
     failure: str = ""  # why its preload failed, as it said
 
-    def is_ready(self, wait_s: float = 0.0) -> Optional[bool]:
+    def is_ready(self) -> Optional[bool]:
         """True once warm; False if it died or its preload failed; None while
         still importing."""
         if self.warm:
             return self.popen.poll() is None
         if self.failure:
             return False
-        readable, _, _ = select.select([self.ready], [], [], max(0.0, wait_s))
+        readable, _, _ = select.select([self.ready], [], [], 0)
         if not readable:
             return None if self.popen.poll() is None else False
         try:
@@ -123,7 +123,7 @@ class StandbyPool:
         self._pending: dict[str, int] = {}  # key -> spawns asked for, not yet kept
         self._broken: dict[str, str] = {}  # key -> why its preload failed: ordinary starts from then on
         self._lock = threading.Lock()
-        self._jobs: "queue.SimpleQueue[Optional[tuple[Future, list, dict, Optional[str], str]]]" = queue.SimpleQueue()
+        self._jobs: "queue.SimpleQueue[Optional[tuple[Future, str, dict, Optional[str], str]]]" = queue.SimpleQueue()
         self._closed = False
         self.counters = {"taken": 0, "fresh_starts": 0, "spawned": 0, "died": 0}
         self._thread = threading.Thread(target=self._spawner, name="standby-spawner", daemon=True)
@@ -206,7 +206,7 @@ class StandbyPool:
         if self._closed:
             future.set_result(None)
         else:
-            self._jobs.put((future, [interpreter], env, cwd, key))
+            self._jobs.put((future, interpreter, env, cwd, key))
         return future
 
     def _spawn_later(self, interpreter: str, env: dict, cwd: Optional[str], key: str) -> None:
@@ -228,7 +228,7 @@ class StandbyPool:
             job = self._jobs.get()
             if job is None:
                 return
-            future, (interpreter,), env, cwd, key = job
+            future, interpreter, env, cwd, key = job
             try:
                 future.set_result(self._start(interpreter, env, cwd, key))
             except OSError as exc:
