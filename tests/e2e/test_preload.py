@@ -15,7 +15,12 @@ JOB = textwrap.dedent("""\
     print(f"rank {rank} round {round_} pid {os.getpid()} preloaded {probe is not None}"
           f" before_start {probe is not None and probe.IMPORTED_AT < started}"
           f" rank_at_import {probe.RANK_AT_IMPORT if probe else '-'}", flush=True)
+    if rank == 0:
+        open(os.path.join(os.environ["TW_MARKS"], f"rank0-round{round_}"), "w").close()
     if rank == 1 and round_ == 0:
+        # Rank 0 has said its line before the restart stops it.
+        while not os.path.exists(os.path.join(os.environ["TW_MARKS"], "rank0-round0")):
+            time.sleep(0.01)
         print("RuntimeError: NCCL error: unhandled system error", file=sys.stderr, flush=True)
         sys.exit(1)
     time.sleep(0.5)
@@ -26,7 +31,7 @@ PROBE = "import os, time\nIMPORTED_AT = time.time()\nRANK_AT_IMPORT = os.environ
 def _files(tmp_path):
     (tmp_path / "tw_preload_probe.py").write_text(PROBE)
     (tmp_path / "job.py").write_text(JOB)
-    return {"PYTHONPATH": str(tmp_path)}
+    return {"PYTHONPATH": str(tmp_path), "TW_MARKS": str(tmp_path)}
 
 
 def test_every_start_and_the_restart_take_an_interpreter_that_imported_the_preload_before_the_instance_existed(

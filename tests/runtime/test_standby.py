@@ -65,7 +65,8 @@ def _run(pool, command, env, cwd, timeout=60, instance="worker-0"):
     assert invocation is not None, why
     standby = pool.take(instance, invocation, env, str(cwd), MARK, "test-mark")
     assert standby is not None, pool.said
-    standby.hand_over(invocation, env, str(cwd))
+    standby.hand_over(invocation, env, str(cwd), learn=pool.learn_path(invocation, env, str(cwd), MARK),
+                      roots=pool.roots)
     out, err = standby.popen.communicate(timeout=timeout)
     return standby.popen.returncode, out.decode(), err.decode()
 
@@ -200,3 +201,70 @@ def test_every_take_leaves_a_warm_successor_and_close_ends_the_idle_ones(pool, t
     for pid in idle:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_what_an_instance_imports_lazily_under_a_preload_package_is_imported_by_the_next_standbys(pool, tmp_path):
+    package = tmp_path / "twheavy"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    # As torch leaves torch._dynamo to the first optimizer.
+    (package / "lazy.py").write_text("import time\ntime.sleep(1.5)\n")
+    (package / "__main__.py").write_text("raise SystemExit('never run by a standby')\n")
+    (tmp_path / "elsewhere.py").write_text("")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""\
+        import sys, time
+        print("lazy before start", "twheavy.lazy" in sys.modules, flush=True)
+        started = time.monotonic()
+        import twheavy.lazy, elsewhere
+        print(f"lazy import took {time.monotonic() - started:.2f}", flush=True)
+    """))
+    made = pool(("twheavy",))
+    code, out, err = _run(made, [sys.executable, str(script)], _env(tmp_path), tmp_path)
+    assert code == 0 and "lazy before start False" in out, (out, err)
+    # The spare that waits was told to import it as well (within a few refreshes).
+    deadline = time.monotonic() + 20
+    while made.counters["learned"] < 1:
+        assert time.monotonic() < deadline, made.counters
+        time.sleep(0.1)
+    time.sleep(3.0)
+    code, out, err = _run(made, [sys.executable, str(script)], _env(tmp_path), tmp_path)
+    assert code == 0 and "lazy before start True" in out, (out, err)
+    assert "lazy import took 0.0" in out, out
+    # Only modules under the preload packages: not the job's own, never a __main__.
+    assert made.counters["learned"] == 1, made.counters
+
+
+def test_a_learn_file_the_job_forged_gives_only_valid_names_under_the_preload_packages(pool, tmp_path):
+    made = pool(("json",))
+    invocation, _ = python_invocation([sys.executable, "-c", "pass"])
+    env = _env(tmp_path)
+    path = made.learn_path(invocation, env, str(tmp_path), MARK)
+    made.take("worker-0", invocation, env, str(tmp_path), MARK, "m").close()
+    with open(path, "wb") as f:
+        f.write(b"json.tool\nos\njson.__main__\njson; import os\n\xff\xfe\n" + b"json." + b"a" * 300 + b"\njson.decoder\npartial")
+    deadline = time.monotonic() + 10
+    while made.counters["learned"] < 2:
+        assert time.monotonic() < deadline, made.counters
+        time.sleep(0.1)
+    time.sleep(1.5)
+    key = os.path.basename(path)[:-len(".modules")]
+    assert made._learned[key] == ["json.tool", "json.decoder"]
+
+
+def test_in_streams_mode_the_instance_writes_to_the_stdout_and_stderr_it_brought(tmp_path):
+    made = StandbyPool(("json",), spawn_argv=list, on_spawn=lambda pid: None, say=print, streams=True)
+    try:
+        script = tmp_path / "job.py"
+        script.write_text("import sys\nprint('to the task file')\nprint('err line', file=sys.stderr)\nsys.exit(4)\n")
+        invocation, _ = python_invocation([sys.executable, str(script)])
+        env = _env(tmp_path)
+        standby = made.take("worker-0", invocation, env, str(tmp_path), MARK, "m")
+        out_path, err_path = tmp_path / "task.out", tmp_path / "task.err"
+        with open(os.devnull, "rb") as stdin, open(out_path, "ab") as out, open(err_path, "ab") as err:
+            standby.hand_over(invocation, env, str(tmp_path), streams=(stdin.fileno(), out.fileno(), err.fileno()))
+        assert standby.popen.wait(60) == 4
+        assert out_path.read_text() == "to the task file\n"
+        assert err_path.read_text() == "err line\n"
+    finally:
+        made.close()

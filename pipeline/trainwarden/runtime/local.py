@@ -154,7 +154,9 @@ class LocalRuntime:
         standby = self._standbys.take(name, invocation, env, cwd, MARK_VARIABLE, f"{self._mark}-standby")
         if standby is None:
             return None
-        standby.hand_over(invocation, env, cwd)  # watched by the keeper since it was spawned
+        # Watched by the keeper since it was spawned.
+        standby.hand_over(invocation, env, cwd, learn=self._standbys.learn_path(invocation, env, cwd, MARK_VARIABLE),
+                          roots=self._standbys.roots)
         return standby.popen
 
     def _could_not_start(self, name: str, command: Sequence[str], exc: OSError, round_: int, start: int) -> None:

@@ -12,6 +12,19 @@ the interpreter does, then leaves with ``os._exit``: the teardown of
 thousands of modules (0.6-0.8 s with torch) is skipped, so a crash is
 reported as soon as the process is gone.
 
+The control channel carries newline-ended JSON messages: ``{"import":
+[names]}`` makes a waiting standby import more modules (what the job's
+instances imported lazily under the preload packages, ``learned``), and
+``{"become": {...}}`` hands it its instance. On a Unix socket the ``become``
+message may carry three descriptors (``SCM_RIGHTS``): the instance's stdin,
+stdout and stderr, for a standby that was started before its output had a
+place (Slurm's per-task files).
+
+A standby-started instance appends the name of every module it loads under
+the preload packages to a file the pool names (``learn``): ``import torch``
+leaves ``torch._dynamo`` for the first optimizer to import (1.5 s), and
+the next standbys import it before they are needed.
+
 ``python_invocation`` decides whether a command can run in a standby; a
 command it refuses starts as an ordinary process. What a preloaded module
 may not do at import time: read a variable of one instance (rank, world
@@ -27,6 +40,8 @@ import json
 import os
 import runpy
 import signal
+import socket
+import stat
 import sys
 import threading
 import traceback
@@ -130,10 +145,59 @@ def _finish(code: int) -> None:
     os._exit(code)
 
 
-def become(message: dict) -> None:
+MODULE_NAME_MAX = 200
+
+
+def is_module_name(name: str) -> bool:
+    return 0 < len(name) <= MODULE_NAME_MAX and all(part.isidentifier() for part in name.split("."))
+
+
+def learn_imports(path: str, roots: Sequence[str]) -> None:
+    """Append each module this process loads from now on under ``roots``
+    to ``path``: an audit hook (no thread, so a later ``fork`` is as safe as
+    without it), one small append per module."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    wanted = frozenset(roots)
+    seen = set(sys.modules)
+
+    def hook(event: str, args: tuple) -> None:
+        if event != "import":
+            return
+        name = args[0]
+        if name in seen or not isinstance(name, str) or name.partition(".")[0] not in wanted:
+            return
+        seen.add(name)
+        try:
+            os.write(fd, (name + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass
+
+    sys.addaudithook(hook)
+
+
+def _take_streams(fds: Sequence[int]) -> None:
+    """The instance's stdin, stdout and stderr, received with its description."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def become(message: dict, fds: Sequence[int] = ()) -> None:
     """Run the instance described by ``message`` in this interpreter; never returns."""
     invocation = Invocation(**{**message["invocation"], "argv": tuple(message["invocation"]["argv"])})
     env = message["env"]
+    if fds:
+        _take_streams(fds)
+    if message.get("learn") and message.get("roots"):
+        learn_imports(str(message["learn"]), [str(root) for root in message["roots"]])
     if message.get("cwd"):
         os.chdir(message["cwd"])
     os.environ.clear()
@@ -183,13 +247,45 @@ def _finish_by_signal(signum: int) -> None:
     os._exit(128 + signum)
 
 
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
+class _Control:
+    """The standby's end of its control channel: a pipe, or a Unix socket
+    that can also pass descriptors."""
+
+    def __init__(self, fd: int):
+        self.sock = socket.socket(fileno=fd) if stat.S_ISSOCK(os.fstat(fd).st_mode) else None
+        self.fd = fd
+        self.buffer = b""
+        self.fds: list[int] = []
+
+    def message(self) -> Optional[dict]:
+        """The next message, or None at the end of the channel."""
+        while b"\n" not in self.buffer:
+            if self.sock is not None:
+                chunk, fds, _, _ = socket.recv_fds(self.sock, 1 << 20, 3)
+                self.fds.extend(fds)
+            else:
+                chunk = os.read(self.fd, 1 << 20)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        else:
+            os.close(self.fd)
+
+
+def _import_quietly(names: Sequence[str]) -> None:
+    """Learned modules: one that no longer imports is the instance's to find out."""
+    for name in names:
+        if isinstance(name, str) and is_module_name(name) and name not in sys.modules:
+            try:
+                __import__(name)
+            except BaseException:  # noqa: BLE001 - an optional module of a library, absent here
+                pass
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -213,11 +309,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except OSError:
         pass  # the pool no longer asks: it handed this standby its instance before the imports ended
     os.close(ready_fd)
-    data = _read_all(control_fd)
-    os.close(control_fd)
-    if not data:  # the pool closed: nothing to become
-        os._exit(0)
-    become(json.loads(data))
+    control = _Control(control_fd)
+    while True:
+        message = control.message()
+        if message is None:  # the pool closed: nothing to become
+            os._exit(0)
+        if "import" in message:
+            _import_quietly(message["import"])
+            continue
+        fds = control.fds
+        control.close()
+        become(message["become"], fds)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@ each interpreter and job environment it keeps standbys that have imported
 the job's ``preload`` modules, hands one to each instance that starts, and
 prepares its replacement in the background.
 
+What the instances import lazily under the preload packages (``torch``
+leaves ``torch._dynamo`` to the first optimizer) is learned from them
+(standby.learn_imports) and sent to the waiting standbys, and to each new
+one, so that ``--preload torch`` covers what the job uses of torch.
+
 Standbys are never instances: they are in no hang detection, history or
 placement, and they are stopped with the runtime. Every one is started from
 the pool's own thread, which lives as long as the runtime: Linux sends the
@@ -12,11 +17,15 @@ parent-death signal when the *thread* that forked a process ends.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
+import tempfile
 import queue
 import select
+import shutil
+import socket
 import signal
 import subprocess
 import threading
@@ -24,9 +33,13 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from trainwarden.runtime.standby import Invocation
+from trainwarden.runtime.standby import Invocation, is_module_name
 
 STANDBY_SCRIPT = str(Path(__file__).resolve().parent / "standby.py")
+CONTROL_PIPE_BYTES = 1 << 20  # what the pool may write before the standby reads: its imports, then its instance
+LEARNED_MAX = 20_000  # modules learned per job environment
+LEARN_BYTES_MAX = 4 << 20
+REFRESH_EVERY_S = 1.0
 # An instance's own variables: a standby starts before any instance exists.
 INSTANCE_VARIABLES = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
@@ -39,11 +52,12 @@ INSTANCE_VARIABLES = frozenset({
 @dataclasses.dataclass
 class Standby:
     popen: subprocess.Popen
-    control: int  # write end: the instance's description, then EOF
+    control: int  # write end: its imports, then the instance's description; a socket in streams mode
     ready: int  # read end: b"R" once the modules are imported
     key: str
     warm: bool = False
     failure: str = ""  # why its preload failed, as it said
+    learned_sent: int = 0  # how many of its key's learned modules it was told to import
 
     def is_ready(self) -> Optional[bool]:
         """True once warm; False if it died or its preload failed; None while
@@ -64,10 +78,31 @@ class Standby:
             self.failure = said[2:].decode("utf-8", "replace")
         return self.warm and self.popen.poll() is None
 
-    def hand_over(self, invocation: Invocation, env: dict, cwd: Optional[str]) -> None:
-        message = json.dumps({"invocation": dataclasses.asdict(invocation), "env": env, "cwd": cwd or ""})
+    def send_imports(self, names: Sequence[str]) -> None:
+        if names and self.control >= 0:
+            try:
+                _write_all(self.control, (json.dumps({"import": list(names)}) + "\n").encode())
+            except OSError:
+                pass  # it died: found out when it is next chosen
+            self.learned_sent += len(names)
+
+    def hand_over(self, invocation: Invocation, env: dict, cwd: Optional[str], learn: str = "",
+                  roots: Sequence[str] = (), streams: Sequence[int] = ()) -> None:
+        """``learn``: where the instance appends the modules it loads under
+        ``roots``; ``streams``: its stdin, stdout and stderr (a pool in streams
+        mode), else it keeps the pipes it was started with."""
+        message = {"invocation": dataclasses.asdict(invocation), "env": env, "cwd": cwd or "", "learn": learn,
+                   "roots": list(roots)}
+        data = (json.dumps({"become": message}) + "\n").encode()
         try:
-            os.write(self.control, message.encode())  # a blocking fd: a long environment is written whole
+            if streams:
+                # The instance's stdin, stdout and stderr go with the first byte;
+                # the rest follows on the same blocking stream.
+                with socket.socket(fileno=os.dup(self.control)) as sock:
+                    socket.send_fds(sock, [data[:1]], list(streams))
+                    sock.sendall(data[1:])
+            else:
+                os.write(self.control, data)  # a blocking fd: a long environment is written whole
         finally:
             self.discard_fds()
 
@@ -109,11 +144,15 @@ def env_key(interpreter: str, env: dict, cwd: Optional[str], modules: Sequence[s
 
 class StandbyPool:
     def __init__(self, modules: Sequence[str], spawn_argv: Callable[[list[str]], list[str]],
-                 on_spawn: Callable[[int], None], say: Callable[[str], None]):
+                 on_spawn: Callable[[int], None], say: Callable[[str], None], streams: bool = False):
         """``spawn_argv`` wraps a standby's command as instances' are (parent
         death signal); ``on_spawn(pid)`` tells the keeper; ``say`` reports a
-        fallback to an ordinary start, once per reason."""
+        fallback to an ordinary start, once per reason. ``streams``: each
+        instance brings its stdin, stdout and stderr (``Standby.hand_over``),
+        so the standbys' control channels are Unix sockets and their output
+        before that goes nowhere."""
         self.modules = tuple(modules)
+        self.streams = streams
         self._spawn_argv = spawn_argv
         self._on_spawn = on_spawn
         self._say = say
@@ -125,7 +164,11 @@ class StandbyPool:
         self._lock = threading.Lock()
         self._jobs: "queue.SimpleQueue[Optional[tuple[Future, str, dict, Optional[str], str]]]" = queue.SimpleQueue()
         self._closed = False
-        self.counters = {"taken": 0, "fresh_starts": 0, "spawned": 0, "died": 0}
+        self.roots = tuple(sorted({name.partition(".")[0] for name in self.modules}))
+        self._learn_dir = tempfile.mkdtemp(prefix="trainwarden-learned-")
+        self._learned: dict[str, list[str]] = {}  # key -> modules its instances loaded under the roots, in order
+        self._learn_read: dict[str, int] = {}  # key -> bytes of its learn file read so far
+        self.counters = {"taken": 0, "fresh_starts": 0, "spawned": 0, "died": 0, "learned": 0}
         self._thread = threading.Thread(target=self._spawner, name="standby-spawner", daemon=True)
         self._thread.start()
 
@@ -154,6 +197,54 @@ class StandbyPool:
             return None
         self.counters["taken"] += 1
         return chosen
+
+    def learn_path(self, invocation: Invocation, env: dict, cwd: Optional[str], mark_variable: str) -> str:
+        """Where an instance of this key appends the modules it loads (given
+        with its description, ``Standby.hand_over``)."""
+        return os.path.join(self._learn_dir, env_key(invocation.interpreter, env, cwd, self.modules,
+                                                     mark_variable) + ".modules")
+
+    # ------------------------------------------------------------ learning
+
+    def _refresh(self) -> None:
+        """Read what the instances loaded since last time and tell the idle
+        standbys of each key to import it (the spawner's thread)."""
+        with self._lock:
+            keys = list(self._instances)
+        for key in keys:
+            self._read_learned(key)
+        with self._lock:
+            for key, idle in self._idle.items():
+                learned = self._learned.get(key, [])
+                for standby in idle:
+                    if standby.learned_sent < len(learned):
+                        standby.send_imports(learned[standby.learned_sent:])
+
+    def _read_learned(self, key: str) -> None:
+        path = os.path.join(self._learn_dir, key + ".modules")
+        done = self._learn_read.get(key, 0)
+        try:
+            with open(path, "rb") as f:
+                f.seek(done)
+                data = f.read(max(0, LEARN_BYTES_MAX - done))
+        except OSError:
+            return
+        complete = data.rpartition(b"\n")[0]
+        if not complete:
+            return
+        self._learn_read[key] = done + len(complete) + 1
+        learned = self._learned.setdefault(key, [])
+        known = set(learned)
+        # The job wrote this file: only module names under the preload
+        # packages, never a __main__, and a bounded number of them.
+        for raw in complete.split(b"\n"):
+            name = raw.decode("utf-8", "replace").strip()
+            if (name in known or not is_module_name(name) or name.partition(".")[0] not in self.roots
+                    or name.rpartition(".")[2] == "__main__" or len(learned) >= LEARNED_MAX):
+                continue
+            known.add(name)
+            learned.append(name)
+            self.counters["learned"] += 1
 
     def _choose(self, key: str) -> Optional[Standby]:
         idle = self._idle.get(key, [])
@@ -225,24 +316,41 @@ class StandbyPool:
 
     def _spawner(self) -> None:
         while True:
-            job = self._jobs.get()
+            try:
+                job = self._jobs.get(timeout=REFRESH_EVERY_S)
+            except queue.Empty:
+                self._refresh()
+                continue
             if job is None:
                 return
             future, interpreter, env, cwd, key = job
             try:
-                future.set_result(self._start(interpreter, env, cwd, key))
+                standby = self._start(interpreter, env, cwd, key)
+                self._read_learned(key)
+                standby.send_imports(list(self._learned.get(key, ())))
+                future.set_result(standby)
             except OSError as exc:
                 self._once(f"a standby interpreter could not start ({exc.strerror}); instances start as ordinary "
                            f"processes")
                 future.set_result(None)
 
     def _start(self, interpreter: str, env: dict, cwd: Optional[str], key: str) -> Standby:
-        control_r, control_w = os.pipe()
+        if self.streams:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            control_w, control_r = ours.detach(), theirs.detach()
+            output = subprocess.DEVNULL
+        else:
+            control_r, control_w = os.pipe()
+            output = subprocess.PIPE
+            try:
+                fcntl.fcntl(control_w, fcntl.F_SETPIPE_SZ, CONTROL_PIPE_BYTES)
+            except OSError:
+                pass  # above /proc/sys/fs/pipe-max-size: the default size, and a write may wait for the standby
         ready_r, ready_w = os.pipe()
         try:
             popen = subprocess.Popen(
                 self._spawn_argv([interpreter, STANDBY_SCRIPT, str(control_r), str(ready_w), *self.modules]),
-                env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.PIPE,
                 start_new_session=True, pass_fds=(control_r, ready_w))
         except OSError:
             for fd in (control_r, control_w, ready_r, ready_w):
@@ -268,6 +376,7 @@ class StandbyPool:
         self._thread.join(10.0)
         for standby in idle:
             standby.close()
+        shutil.rmtree(self._learn_dir, ignore_errors=True)
 
     def idle_pids(self) -> list[int]:
         with self._lock:
@@ -290,6 +399,12 @@ def _last_words(standby: Standby) -> str:
             text = ""
     code = standby.popen.returncode
     return f"exited with code {code}" + (f" ({text[:300]})" if text else "")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _kill_group(pid: int) -> None:
