@@ -8,7 +8,10 @@ exited. An incarnation is only adopted when the actuator announced it
 (``ExpectTasks``): the token in the task's environment must hash to one the
 actuator issued for that job, so a process cannot pass itself off as
 another job's instance by writing a manifest. The SDK endpoint then accepts
-that token for that incarnation.
+that token for that incarnation. A standby that became the instance
+(standby_host.py) was executed before any token existed: its task wrapper's
+token counts, once the kernel shows that the standby holds the wrapper's
+own stdin, stdout and stderr (proof.py).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Callable, Optional
 from trainwarden.events import InstanceExited, InstanceStarted, LogLine, Stream
 from trainwarden.runtime.control import Incarnation
 from trainwarden.runtime.slurm.files import TaskExited, TaskFiles, TaskKey, TaskLines, TaskStarted
+from trainwarden.runtime.slurm.proof import standby_token, token_of
 
 # A task can start before its announcement arrives (the bus and the
 # manifest directory race); after this long it is not ours to follow.
@@ -93,7 +97,7 @@ class SlurmTasks:
         return out
 
     def _start(self, started: TaskStarted, since: float, now: float, out: list) -> None:
-        token = _token_of(started.pid) if started.pid else None
+        token = _token(started)
         incarnation = self.expected.get(token_digest(token)) if token else None
         if incarnation is None or incarnation.instance != started.instance:
             if now - since < UNANNOUNCED_S and started.key not in self.adopted:
@@ -119,15 +123,13 @@ class SlurmTasks:
                 _signal_group(pid, signal.SIGKILL)
 
 
-def _token_of(pid: int) -> Optional[str]:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
+def _token(started: TaskStarted) -> Optional[str]:
+    """The incarnation token that vouches for the manifest's pid."""
+    if not started.pid:
         return None
-    for item in environ.split(b"\0"):
-        if item.startswith(b"TRAINWARDEN_TOKEN="):
-            return item.split(b"=", 1)[1].decode("utf-8", errors="replace")
-    return None
+    if started.task_pid is not None:
+        return standby_token(started.task_pid, started.pid)
+    return token_of(started.pid)
 
 
 def _signal_group(pid: int, sig: int) -> None:

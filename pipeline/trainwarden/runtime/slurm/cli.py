@@ -13,6 +13,9 @@ Facts of Slurm 22.05 this relies on (proven in tests/slurm/test_real_slurm.py):
   "Job step creation temporarily disabled, retrying"): a restart's new step
   starts once the old step is gone, never beside it. After a cancel the cores
   are free again at once (a new step starts within ~0.2 s).
+- A step launched with ``--overlap`` shares the cores with every other step,
+  even those launched without it: the standby hosts' step (one task per
+  node, for the job's whole allocation) never delays a round's step.
 - ``scancel JOB.STEP`` without a signal SIGKILLs the step's processes at
   once; ``signal="TERM"`` lets the task wrapper forward it to the command.
 - ``scontrol requeue`` holds the job (Reason=BeginTime) for ~120 s; an
@@ -202,6 +205,7 @@ class SlurmCli:
         name: Optional[str] = None,
         signal_grace: Optional[str] = None,
         srun_log: Optional[Path] = None,
+        overlap: bool = False,
     ) -> "subprocess.Popen[bytes]":
         """Starts ``command`` as a step of ``tasks`` tasks, one per node, in allocation ``job_id``.
 
@@ -210,7 +214,8 @@ class SlurmCli:
         the caller's exit does not end the step; srun's own messages go to
         srun_log (default ``output_dir/<job>-srun.log``, appended).
         signal_grace, e.g. ``"TERM@30"``: srun's ``--signal`` (sent that many
-        seconds before the time limit).
+        seconds before the time limit). overlap: share the cores with the
+        other steps (``--overlap``) instead of waiting for them.
         """
         output_dir = Path(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -233,6 +238,8 @@ class SlurmCli:
             args.append(f"--job-name={name}")
         if signal_grace:
             args.append(f"--signal={signal_grace}")
+        if overlap:
+            args.append("--overlap")
         args.extend(str(c) for c in command)
         log_path = Path(srun_log) if srun_log is not None else output_dir / f"{job_id}-srun.log"
         with open(log_path, "ab") as log:

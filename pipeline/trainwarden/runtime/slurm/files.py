@@ -36,6 +36,9 @@ class TaskStarted:
     pid: Optional[int]  # None: the command could not be started (an exit follows)
     output: str
     restart: int = 0
+    # The task wrapper's own pid when ``pid`` is a standby that became the
+    # instance (the token is checked on the wrapper: proof.py); else None.
+    task_pid: Optional[int] = None
 
     @property
     def key(self) -> TaskKey:
@@ -152,9 +155,10 @@ class TaskFiles:
         try:
             if data is None:
                 raise ValueError("unreadable")
-            pid = data.get("pid")
-            if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
-                raise ValueError("pid")
+            pid, task_pid = data.get("pid"), data.get("task_pid")
+            for value in (pid, task_pid):
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                    raise ValueError("pid")
             node, instance, output = data.get("node"), data.get("instance"), data.get("output")
             if not all(isinstance(v, str) and v for v in (node, instance, output)):
                 raise ValueError("node/instance/output")
@@ -167,6 +171,7 @@ class TaskFiles:
                 pid=pid,
                 output=output,
                 restart=_int(data, "restart", 0),
+                task_pid=task_pid,
             )
             offset = max(0, _int(data, "output_offset", 0))
         except ValueError:

@@ -14,6 +14,11 @@ for their own instances.
 - Isolating a node drains it (``Reason`` says why, from Trainwarden); the
   next round excludes it. ``trainwarden nodes uncordon`` resumes it.
 - A node Slurm reports down while it holds the job's tasks is node loss.
+- A job that preloads (``preload:``) gets a standby host on each node of
+  each allocation run (standby_host.py): a step of its own that overlaps
+  the rounds' steps, started before the first round, which waits for the
+  hosts to listen (at most ``HOST_READY_S``). The tasks hand their
+  instances to its warm interpreters (task.py).
 """
 
 from __future__ import annotations
@@ -34,12 +39,16 @@ from trainwarden.runtime.base import Capability
 from trainwarden.runtime.environment import instance_env, job_env, sdk_import_dir
 from trainwarden.runtime.nodes import master_port
 from trainwarden.runtime.slurm.adopt import token_digest
+from trainwarden.runtime.slurm.handoff import TASK_TOKENS, in_workdir, ready_name
 from trainwarden.runtime.slurm.cli import SlurmCli, SlurmError
 from trainwarden.runtime.slurm.parse import JobState, NodeState
 from trainwarden.settings import JobSettings
 
 NODES_EVERY_S = 2.0
 REASON_PREFIX = "Trainwarden"
+# A host listens within a second; one that does not by then (a broken
+# interpreter, a node without kcmp) leaves its tasks to start fresh.
+HOST_READY_S = 15.0
 
 
 class SlurmSite:
@@ -75,6 +84,11 @@ class SlurmRuntime(ClusterJob):
         for path in (self.directory, self.outputs, self.manifests, self.control_dir):
             path.mkdir(parents=True, exist_ok=True)
         self.sdk_path = sdk_import_dir(site.directory / "sdk")
+        # The standby hosts of the allocation run they were started for: (job, restarts).
+        self.host_run: Optional[tuple[int, int]] = None
+        self.host_step: Optional[subprocess.Popen] = None
+        self.host_since = 0.0
+        self.standby_dir = self.directory / "standby"
 
     # ------------------------------------------------------------ protocol
 
@@ -113,6 +127,9 @@ class SlurmRuntime(ClusterJob):
             if proc.poll() is None:
                 proc.kill()
         self.steps = []
+        if self.host_step is not None and self.host_step.poll() is None:
+            self.host_step.kill()  # the allocation's end ends the hosts' step
+        self.host_step = None
         if self.allocation is not None:
             self._call(self.slurm.cancel, self.allocation)
             self.allocation = None
@@ -126,7 +143,29 @@ class SlurmRuntime(ClusterJob):
         job = self._allocation_ready()
         if job is None:
             return
+        if self.spec.preload and not self._hosts_ready(job):
+            return
         self._launch(job)
+
+    def _hosts_ready(self, job) -> bool:
+        """The standby hosts of this allocation run listen (or will not):
+        started with its first round, which waits for them."""
+        run = (job.job_id, job.restarts)
+        now = self.port.clock()
+        if self.host_run != run:
+            if self.host_step is not None and self.host_step.poll() is None:
+                self.host_step.kill()  # an earlier run's: Slurm ended its step with that run
+            self.host_run, self.host_since = run, now
+            self.host_step = self._call(
+                self.slurm.launch_step, job.job_id, len(self.instance_names),
+                [sys.executable, "-m", "trainwarden.runtime.slurm.standby_host", "--ready-dir",
+                 str(self.standby_dir), "--restart", str(job.restarts), *self.spec.preload],
+                output_dir=self.standby_dir, name=f"tw-{self.job_id}-standby", overlap=True)
+            if self.host_step is None:
+                return True  # Slurm refused it: the rounds start fresh
+        if self.host_step is None or self.host_step.poll() is not None or now - self.host_since > HOST_READY_S:
+            return True
+        return all((self.standby_dir / ready_name(job.job_id, job.restarts, node)).exists() for node in job.nodes)
 
     def _allocation_ready(self):
         """The allocation, when it runs on nodes none of which is excluded; else None (and the step towards it)."""
@@ -153,7 +192,7 @@ class SlurmRuntime(ClusterJob):
     def _launch(self, job) -> None:
         launch, self.pending = dict(self.pending), {}
         round_ = max(r for r, _ in launch.values())
-        plan_instances, announced = [], []
+        plan_instances, announced, tokens = [], [], []
         for name in self.instance_names:
             spec = self.specs[name]
             inc_round, start = launch[name]
@@ -170,12 +209,13 @@ class SlurmRuntime(ClusterJob):
                 env.pop(key, None)
             command = list(role.command)
             if self.spec.workdir:
-                command = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', self.spec.workdir, *command]
+                command = in_workdir(self.spec.workdir, command)
             plan_instances.append({"name": name, "command": command, "env": env})
             announced.append((name, inc_round, start, token_digest(token)))
+            tokens.append(token)
         plan = {"instances": plan_instances, "master_addr": None, "master_port": master_port(self.job_id, round_),
                 "manifest_dir": str(self.manifests), "output_dir": str(self.outputs),
-                "control_dir": str(self.control_dir), "restart": job.restarts}
+                "control_dir": str(self.control_dir), "restart": job.restarts, "standby": bool(self.spec.preload)}
         path = self.directory / f"plan-r{round_}-{int(time.time() * 1000)}.json"
         path.write_text(json.dumps(plan))
         # Announced first: an agent adopts a task only for a token it was told of.
@@ -183,7 +223,9 @@ class SlurmRuntime(ClusterJob):
                                            incarnations=tuple(announced)))
         proc = self._call(self.slurm.launch_step, job.job_id, len(plan_instances),
                           [sys.executable, "-m", "trainwarden.runtime.slurm.task", str(path)],
-                          output_dir=self.outputs, name=f"tw-{self.job_id}-r{round_}")
+                          output_dir=self.outputs, name=f"tw-{self.job_id}-r{round_}",
+                          # What the agents check a standby's task by (proof.py).
+                          env={TASK_TOKENS: " ".join(tokens)} if self.spec.preload else None)
         if proc is None:
             self.pending = launch  # tried again next turn
         else:

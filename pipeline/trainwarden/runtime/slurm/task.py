@@ -17,12 +17,22 @@ in its own process group with this process's stdout/stderr (srun's per-task
 file); SIGTERM, SIGINT and SIGHUP are forwarded to that group. The wrapper
 exits with the command's code, 128+N when signal N ended it; 2 on a bad plan,
 127 when the command cannot be started.
+
+When the plan says the job preloads (``"standby": true``), a Python command
+is handed to a standby interpreter of the node's standby host instead
+(standby_host.py, handoff.py): the wrapper sends its instance and its own
+stdin, stdout and stderr, writes the standby's pid in the start manifest
+(with its own as ``task_pid``: the agent checks the token on the wrapper,
+proof.py), forwards signals to the standby's group and waits for the exit
+code the host reports. Without a host, or whenever the hand-over fails, the
+command starts as an ordinary process, and the wrapper says once why.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,12 +42,16 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from trainwarden.runtime.slurm import handoff
 from trainwarden.runtime.slurm.parse import expand_hostlist, parse_nodes, torch_env_from_slurm
+from trainwarden.runtime.slurm.proof import can_prove
+from trainwarden.runtime.standby import python_invocation
 
 PROG = "trainwarden-slurm-task"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 BAD_PLAN = 2
 CANNOT_START = 127
+HOST_ANSWER_S = 30.0  # a host never waits for imports: it answers at once, or is stuck
 
 
 class PlanError(ValueError):
@@ -138,6 +152,90 @@ def first_node_addr(environ: Mapping[str, str]) -> str:
     return nodes[0]
 
 
+class Standby:
+    """The standby that became this task's instance, on the host's connection."""
+
+    def __init__(self, conn: socket.socket, reader: handoff.Reader, pid: int):
+        self.conn = conn
+        self.reader = reader
+        self.pid = pid
+
+    def wait(self) -> int:
+        """Its exit code as the host reports it (negative for a signal). If
+        the host goes away first, the instance is killed: nothing would
+        report it otherwise."""
+        try:
+            self.conn.settimeout(None)
+            message = self.reader.message()
+        except (OSError, handoff.HandoffError):
+            message = None
+        code = message.get("exit") if message else None
+        if not isinstance(code, int) or isinstance(code, bool):
+            print(f"{PROG}: the node's standby host ended before the instance; the instance was killed",
+                  file=sys.stderr, flush=True)
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            code = -signal.SIGKILL
+        self.reader.close_fds()
+        self.conn.close()
+        return code
+
+
+def _program(command: list[str], env: Mapping[str, str], cwd: str) -> Optional[list[str]]:
+    """The command with its program found as exec would find it; None when it is not found."""
+    program = command[0]
+    if os.sep in program:
+        path = program if os.path.isabs(program) else os.path.join(cwd, program)
+        return [path, *command[1:]] if os.access(path, os.X_OK) and not os.path.isdir(path) else None
+    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    return [found, *command[1:]] if found else None
+
+
+def hand_to_standby(inst: Mapping[str, Any], env: dict, job_id: int, restart: int,
+                    node: str) -> tuple[Optional[Standby], str]:
+    """(the standby that became the instance, "") or (None, why not)."""
+    command, workdir = handoff.unwrap_workdir(inst["command"])
+    cwd = os.path.abspath(workdir) if workdir else os.getcwd()
+    if workdir and not os.path.isdir(cwd):
+        return None, f"the workdir {workdir} is not a directory here"
+    resolved = _program(command, env, cwd)
+    if resolved is None:
+        return None, f"{command[0]} is not found or not executable"
+    invocation, why = python_invocation(resolved)
+    if invocation is None:
+        return None, why
+    if not can_prove():
+        return None, "this kernel cannot show the agent which standby became the instance (no kcmp)"
+    path = handoff.socket_path(handoff.socket_root(), job_id, restart, node)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(HOST_ANSWER_S)
+    reader = handoff.Reader(conn)
+    try:
+        handoff.private_directory(path.parent, create=False)
+        conn.connect(str(path))
+        if handoff.peer_uid(conn) != os.getuid():
+            raise PermissionError(f"{path} is served by another user")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        handoff.send(conn, {"run": {"instance": inst["name"], "command": resolved, "env": env, "cwd": cwd}},
+                     fds=(0, 1, 2))
+        answer = reader.message()
+    except FileNotFoundError:
+        conn.close()
+        return None, f"no standby host listens on node {node}"
+    except (OSError, handoff.HandoffError) as e:
+        conn.close()  # if a standby took the instance meanwhile, the host kills it now
+        return None, f"the node's standby host did not answer ({getattr(e, 'strerror', None) or e})"
+    pid = answer.get("pid") if answer else None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        conn.close()
+        refused = answer.get("refused") if answer else None
+        return None, str(refused)[:300] if refused else "the node's standby host ended the connection"
+    return Standby(conn, reader, pid), ""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     environ = dict(os.environ)
@@ -163,6 +261,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     output = Path(plan["output_dir"]) / output_name(job_id, step_id, task_id)
     stem = manifest_stem(job_id, step_id, task_id, restart)
     child_env = {**environ, **inst.get("env", {}), **torch_env}
+    child_env.pop(handoff.TASK_TOKENS, None)  # the agent's, to know this task (proof.py): no instance's business
     node = environ.get("SLURMD_NODENAME", "")
     child_env["TRAINWARDEN_NODE"] = node
     if plan.get("control_dir"):
@@ -188,22 +287,37 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{PROG}: cannot use manifest_dir {manifest_dir}: {e.strerror or e}", file=sys.stderr)
         return BAD_PLAN
 
-    child: Optional[subprocess.Popen[bytes]] = None
+    target: list[int] = []  # the instance's process group, once it exists
     pending: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
-        if child is None:
+        if not target:
             pending.append(signum)
             return
         try:
-            os.killpg(child.pid, signum)
-        except ProcessLookupError:
+            os.killpg(target[0], signum)
+        except (ProcessLookupError, PermissionError):
             pass
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
 
+    if plan.get("standby"):
+        standby, why = hand_to_standby(inst, child_env, job_id, restart, node)
+        if standby is not None:
+            target.append(standby.pid)
+            write_json_atomic(manifest_dir / f"{stem}.start.json", {
+                **base, "pid": standby.pid, "task_pid": os.getpid(), "output_offset": offset,
+                "started_at": time.time()})
+            for signum in pending:
+                forward(signum, None)
+            code = standby.wait()
+            write_json_atomic(manifest_dir / f"{stem}.exit.json", {**base, "exit_code": code, "ended_at": time.time()})
+            return 128 - code if code < 0 else code
+        print(f"{PROG}: --preload: {why}; this instance starts as an ordinary process", file=sys.stderr, flush=True)
+
     sys.stdout.flush()
+    child: Optional[subprocess.Popen[bytes]] = None
     try:
         child = subprocess.Popen(inst["command"], env=child_env, preexec_fn=os.setpgrp)  # own process group
     except OSError as e:
@@ -212,6 +326,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         write_json_atomic(manifest_dir / f"{stem}.start.json", {**base, "pid": None, "output_offset": offset, "started_at": time.time()})
         write_json_atomic(manifest_dir / f"{stem}.exit.json", {**base, "exit_code": CANNOT_START, "ended_at": time.time()})
         return CANNOT_START
+    target.append(child.pid)
     write_json_atomic(
         manifest_dir / f"{stem}.start.json", {**base, "pid": child.pid, "output_offset": offset, "started_at": time.time()}
     )
