@@ -49,8 +49,9 @@ def pool():
     said: list[str] = []
     pools: list[StandbyPool] = []
 
-    def make(modules=("json",)):
-        made = StandbyPool(modules, spawn_argv=list, on_spawn=lambda pid: None, say=said.append)
+    def make(modules=("json",), spares_after_s=0.0):
+        made = StandbyPool(modules, spawn_argv=list, on_spawn=lambda pid: None, say=said.append,
+                           spares_after_s=spares_after_s)
         made.said = said
         pools.append(made)
         return made
@@ -253,7 +254,8 @@ def test_a_learn_file_the_job_forged_gives_only_valid_names_under_the_preload_pa
 
 
 def test_in_streams_mode_the_instance_writes_to_the_stdout_and_stderr_it_brought(tmp_path):
-    made = StandbyPool(("json",), spawn_argv=list, on_spawn=lambda pid: None, say=print, streams=True)
+    made = StandbyPool(("json",), spawn_argv=list, on_spawn=lambda pid: None, say=print, streams=True,
+                       spares_after_s=0.0)
     try:
         script = tmp_path / "job.py"
         script.write_text("import sys\nprint('to the task file')\nprint('err line', file=sys.stderr)\nsys.exit(4)\n")
@@ -268,3 +270,43 @@ def test_in_streams_mode_the_instance_writes_to_the_stdout_and_stderr_it_brought
         assert err_path.read_text() == "err line\n"
     finally:
         made.close()
+
+
+def test_spares_are_prepared_only_once_the_starts_have_been_quiet_for_a_while(pool, tmp_path):
+    made = pool(spares_after_s=2.0)
+    invocation, _ = python_invocation([sys.executable, "-c", "pass"])
+    taken = [made.take(f"worker-{i}", invocation, _env(tmp_path), str(tmp_path), MARK, "m") for i in range(2)]
+    started = time.monotonic()
+    # The round's own two were started at once; their spares wait.
+    assert all(taken) and made.counters["spawned"] == 2
+    time.sleep(1.0)
+    assert made.counters["spawned"] == 2 and made.idle_pids() == []
+    deadline = started + 20
+    while len(made.idle_pids()) < 2:
+        assert time.monotonic() < deadline, made.counters
+        time.sleep(0.05)
+    assert time.monotonic() - started >= 1.9
+    for standby in taken:
+        standby.close()
+
+
+def test_a_spare_imports_on_idle_cpu_only_and_its_instance_runs_at_the_usual_priority(pool, tmp_path):
+    from trainwarden.runtime.standby import _may_return_from_idle
+
+    if not _may_return_from_idle():
+        pytest.skip("needs CAP_SYS_NICE: without it spares keep the usual priority")
+    made = pool()
+    script = tmp_path / "job.py"
+    script.write_text("import os, threading\nprint('policy', os.sched_getscheduler(0), 'nice', os.nice(0))\n")
+    code, out, _ = _run(made, [sys.executable, str(script)], _env(tmp_path), tmp_path)
+    assert code == 0 and f"policy {os.SCHED_OTHER} nice {os.nice(0)}" in out, out
+    deadline = time.monotonic() + 30
+    while not made.idle_pids():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    [spare] = made.idle_pids()
+    while os.sched_getscheduler(spare) != os.SCHED_IDLE:  # from its first line on
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    code, out, _ = _run(made, [sys.executable, str(script)], _env(tmp_path), tmp_path)
+    assert code == 0 and f"policy {os.SCHED_OTHER} nice {os.nice(0)}" in out, out

@@ -18,7 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed here (make test installs it: pip install -e '.[torch]')")
 
-pytestmark = pytest.mark.e2e
+# Each case runs twice: fresh interpreters, and standbys that imported torch (--preload).
+pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("preload", ["", "torch"], ids=["fresh", "preload"])]
 
 PROGRAM = str(Path(__file__).resolve().parent / "programs" / "ddp_train.py")
 RANKS = 3
@@ -28,7 +29,7 @@ TIMEOUT = 240
 
 
 def run_job(cli, tmp_path: Path, job_id: str, fault: str = "none", *extra: str, nproc: int = RANKS,
-            args: str = ARGS, command: tuple = ()):
+            args: str = ARGS, command: tuple = (), preload: str = ""):
     result_file = tmp_path / f"{job_id}.json"
     checkpoints = tmp_path / f"{job_id}-ckpt"
     checkpoints.mkdir(exist_ok=True)
@@ -40,12 +41,15 @@ def run_job(cli, tmp_path: Path, job_id: str, fault: str = "none", *extra: str, 
         args: {args}
         stop_grace_s: 5
         checkpoint_dir: {checkpoints}
+        preload: [{preload}]
         roles:
           worker:
             count: {nproc}
             command: {json.dumps([*command, "--result", str(result_file), "--fault", fault, *extra])}
     """))
     result = cli("run", str(job), timeout=TIMEOUT)
+    if preload:  # every start took a standby
+        assert "ordinary process" not in result.out + result.err, result
     weights = json.loads(result_file.read_text()) if result_file.exists() else None
     return result, weights
 
@@ -76,8 +80,8 @@ def actions(history, job_id):
     return [(r["action"], r["reason"]) for r in history(job_id, "--wide")]
 
 
-def test_a_user_exception_fails_the_job_at_once(cli, tmp_path, job_id, history):
-    result, _ = run_job(cli, tmp_path, job_id, "user_exception")
+def test_a_user_exception_fails_the_job_at_once(cli, tmp_path, job_id, history, preload):
+    result, _ = run_job(cli, tmp_path, job_id, "user_exception", preload=preload)
     assert result.code == 1, result
     [(action, reason)] = actions(history, job_id)
     assert (action, reason) == ("fail_job", "non_retryable_failure")
@@ -86,8 +90,8 @@ def test_a_user_exception_fails_the_job_at_once(cli, tmp_path, job_id, history):
 
 
 def test_a_persistent_shape_error_fails_the_job_without_a_restart_despite_the_peers_aftermath(
-        cli, tmp_path, job_id, history):
-    result, _ = run_job(cli, tmp_path, job_id, "shape_error")
+        cli, tmp_path, job_id, history, preload):
+    result, _ = run_job(cli, tmp_path, job_id, "shape_error", preload=preload)
     assert result.code == 1, result
     records = history(job_id, "--wide")
     assert [r["action"] for r in records] == ["fail_job"], records
@@ -98,8 +102,8 @@ def test_a_persistent_shape_error_fails_the_job_without_a_restart_despite_the_pe
 
 
 def test_a_sigkilled_rank_restarts_the_job_which_resumes_and_ends_as_a_fault_free_run(
-        cli, tmp_path, job_id, history, fault_free):
-    result, weights = run_job(cli, tmp_path, job_id, "sigkill")
+        cli, tmp_path, job_id, history, fault_free, preload):
+    result, weights = run_job(cli, tmp_path, job_id, "sigkill", preload=preload)
     assert result.code == 0, result
     assert actions(history, job_id)[0] == ("restart_job", "retryable_failure")
     assert weights["resumed_from"] > 0 and weights["round"] == 1
@@ -107,8 +111,8 @@ def test_a_sigkilled_rank_restarts_the_job_which_resumes_and_ends_as_a_fault_fre
 
 
 def test_a_silent_hang_of_one_rank_is_detected_with_a_stack_report_naming_it_and_the_job_recovers(
-        cli, tmp_path, job_id, history, fault_free):
-    result, weights = run_job(cli, tmp_path, job_id, "hang")
+        cli, tmp_path, job_id, history, fault_free, preload):
+    result, weights = run_job(cli, tmp_path, job_id, "hang", preload=preload)
     assert result.code == 0, result
     records = history(job_id, "--wide")
     assert (records[0]["action"], records[0]["error_source"]) == ("restart_job", "hang")
@@ -122,35 +126,38 @@ def test_a_silent_hang_of_one_rank_is_detected_with_a_stack_report_naming_it_and
 
 
 def test_a_rank_that_exits_0_early_leaves_its_peers_failing_and_the_job_recovers(
-        cli, tmp_path, job_id, history, fault_free):
-    result, weights = run_job(cli, tmp_path, job_id, "early_exit")
+        cli, tmp_path, job_id, history, fault_free, preload):
+    result, weights = run_job(cli, tmp_path, job_id, "early_exit", preload=preload)
     assert result.code == 0, result
     restart = history(job_id, "--wide")[0]
     assert restart["action"] == "restart_job", restart
     assert same_weights(weights["weights"], fault_free) and weights["resumed_from"] > 0
 
 
-def test_a_rank_killed_inside_a_large_all_reduce_restarts_the_job(cli, tmp_path, job_id, history, fault_free):
-    result, weights = run_job(cli, tmp_path, job_id, "kill_in_collective")
+def test_a_rank_killed_inside_a_large_all_reduce_restarts_the_job(
+        cli, tmp_path, job_id, history, fault_free, preload):
+    result, weights = run_job(cli, tmp_path, job_id, "kill_in_collective", preload=preload)
     assert result.code == 0, result
     restart = history(job_id, "--wide")[0]
     assert (restart["action"], restart["instance_name"]) == ("restart_job", "worker-1"), restart
     assert same_weights(weights["weights"], fault_free) and weights["resumed_from"] > 0
 
 
-def test_a_start_up_twice_as_long_as_the_hang_interval_is_not_a_hang(cli, tmp_path, job_id, history, fault_free):
-    result, weights = run_job(cli, tmp_path, job_id, "slow_start", "--slow-start-s", "16")
+def test_a_start_up_twice_as_long_as_the_hang_interval_is_not_a_hang(
+        cli, tmp_path, job_id, history, fault_free, preload):
+    result, weights = run_job(cli, tmp_path, job_id, "slow_start", "--slow-start-s", "16", preload=preload)
     assert result.code == 0, result
     assert actions(history, job_id) == []
     assert same_weights(weights["weights"], fault_free) and weights["resumed_from"] == 0
 
 
-def test_trainwarden_supervising_torchrun_restarts_it_and_the_job_resumes(cli, tmp_path, job_id, history, fault_free):
+def test_trainwarden_supervising_torchrun_restarts_it_and_the_job_resumes(
+        cli, tmp_path, job_id, history, fault_free, preload):
     # One instance (a node) runs torchrun with the 3 ranks; torchrun itself
     # does not restart (--max-restarts 0), Trainwarden restarts the node's torchrun.
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), "--max-restarts", "0",
                 "--standalone", "--tee", "3", PROGRAM)
-    result, weights = run_job(cli, tmp_path, job_id, "sigkill", nproc=1, command=torchrun)
+    result, weights = run_job(cli, tmp_path, job_id, "sigkill", nproc=1, command=torchrun, preload=preload)
     assert result.code == 0, result
     restart = history(job_id, "--wide")[0]
     assert restart["action"] == "restart_job" and restart["verdict"] == "retryable", restart

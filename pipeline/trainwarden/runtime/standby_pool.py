@@ -21,25 +21,30 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
 import queue
 import select
 import shutil
-import socket
 import signal
+import socket
 import subprocess
+import tempfile
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from trainwarden.runtime.standby import Invocation, is_module_name
+from trainwarden.runtime.standby import Invocation, is_module_name, to_foreground
 
 STANDBY_SCRIPT = str(Path(__file__).resolve().parent / "standby.py")
 CONTROL_PIPE_BYTES = 1 << 20  # what the pool may write before the standby reads: its imports, then its instance
 LEARNED_MAX = 20_000  # modules learned per job environment
 LEARN_BYTES_MAX = 4 << 20
 REFRESH_EVERY_S = 1.0
+# Spares are prepared this long after the last start: a round's own imports
+# come first (on 2 cores, three spares importing torch beside three starting
+# ranks kept them silent long enough to look hung).
+SPARES_AFTER_S = 5.0
 # An instance's own variables: a standby starts before any instance exists.
 INSTANCE_VARIABLES = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
@@ -58,6 +63,7 @@ class Standby:
     warm: bool = False
     failure: str = ""  # why its preload failed, as it said
     learned_sent: int = 0  # how many of its key's learned modules it was told to import
+    spare: bool = False  # started at idle priority (where it could leave it)
 
     def is_ready(self) -> Optional[bool]:
         """True once warm; False if it died or its preload failed; None while
@@ -94,6 +100,9 @@ class Standby:
         message = {"invocation": dataclasses.asdict(invocation), "env": env, "cwd": cwd or "", "learn": learn,
                    "roots": list(roots)}
         data = (json.dumps({"become": message}) + "\n").encode()
+        if self.spare and not self.warm:
+            # Its instance waits for its imports: no longer on idle CPU only.
+            to_foreground((os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)), str(self.popen.pid))
         try:
             if streams:
                 # The instance's stdin, stdout and stderr go with the first byte;
@@ -104,14 +113,31 @@ class Standby:
             else:
                 os.write(self.control, data)  # a blocking fd: a long environment is written whole
         finally:
-            self.discard_fds()
+            # The ready pipe stays: a standby handed over while still importing
+            # says there how its preload went (StandbyPool._check_handed).
+            _close(self.control)
+            self.control = -1
+
+    def preload_outcome(self) -> Optional[str]:
+        """After hand-over, without touching the process (the runtime waits
+        for it): "" once its preload went well or it said nothing before it
+        ended, the failure it said, or None while it is still importing."""
+        if self.ready < 0:
+            return ""
+        readable, _, _ = select.select([self.ready], [], [], 0)
+        if not readable:
+            return None
+        try:
+            said = os.read(self.ready, 1024)
+        except OSError:
+            said = b""
+        _close(self.ready)
+        self.ready = -1
+        return said[2:].decode("utf-8", "replace") if said.startswith(b"F ") else ""
 
     def discard_fds(self) -> None:
         for fd in (self.control, self.ready):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            _close(fd)
         self.control = self.ready = -1
 
     def close(self) -> None:
@@ -144,14 +170,18 @@ def env_key(interpreter: str, env: dict, cwd: Optional[str], modules: Sequence[s
 
 class StandbyPool:
     def __init__(self, modules: Sequence[str], spawn_argv: Callable[[list[str]], list[str]],
-                 on_spawn: Callable[[int], None], say: Callable[[str], None], streams: bool = False):
+                 on_spawn: Callable[[int], None], say: Callable[[str], None], streams: bool = False,
+                 spares_after_s: float = SPARES_AFTER_S):
         """``spawn_argv`` wraps a standby's command as instances' are (parent
         death signal); ``on_spawn(pid)`` tells the keeper; ``say`` reports a
         fallback to an ordinary start, once per reason. ``streams``: each
         instance brings its stdin, stdout and stderr (``Standby.hand_over``),
         so the standbys' control channels are Unix sockets and their output
-        before that goes nowhere."""
+        before that goes nowhere. ``spares_after_s``: how long after the
+        last start spares are prepared and told what was learned."""
         self.modules = tuple(modules)
+        self._spares_after_s = spares_after_s
+        self._quiet_from = 0.0  # time.monotonic() from which background work may start
         self.streams = streams
         self._spawn_argv = spawn_argv
         self._on_spawn = on_spawn
@@ -161,8 +191,10 @@ class StandbyPool:
         self._instances: dict[str, set[str]] = {}  # key -> the instances that started with it: one spare each
         self._pending: dict[str, int] = {}  # key -> spawns asked for, not yet kept
         self._broken: dict[str, str] = {}  # key -> why its preload failed: ordinary starts from then on
+        self._handed: list[Standby] = []  # handed over before their preload said how it went
         self._lock = threading.Lock()
-        self._jobs: "queue.SimpleQueue[Optional[tuple[Future, str, dict, Optional[str], str]]]" = queue.SimpleQueue()
+        self._jobs: "queue.SimpleQueue[Optional[tuple[Future, str, dict, Optional[str], str, bool]]]" = \
+            queue.SimpleQueue()
         self._closed = False
         self.roots = tuple(sorted({name.partition(".")[0] for name in self.modules}))
         self._learn_dir = tempfile.mkdtemp(prefix="trainwarden-learned-")
@@ -184,10 +216,12 @@ class StandbyPool:
         key = env_key(invocation.interpreter, env, cwd, self.modules, mark_variable)
         spare_env = standby_env(env, mark_variable, mark)
         with self._lock:
+            self._check_handed()
             if key in self._broken:
                 self.counters["fresh_starts"] += 1
                 return None
             self._instances.setdefault(key, set()).add(instance)
+            self._quiet_from = time.monotonic() + self._spares_after_s
             chosen = self._choose(key)
         if chosen is None:  # none spare: one now
             chosen = self._spawn(invocation.interpreter, spare_env, cwd, key).result()
@@ -196,7 +230,22 @@ class StandbyPool:
             self.counters["fresh_starts"] += 1
             return None
         self.counters["taken"] += 1
+        if not chosen.warm:
+            with self._lock:
+                self._handed.append(chosen)
         return chosen
+
+    def _check_handed(self) -> None:
+        """A preload that failed in a standby handed over while importing
+        breaks its key as one that failed while idle does (the lock is held)."""
+        for standby in list(self._handed):
+            outcome = standby.preload_outcome()
+            if outcome is None:
+                continue
+            self._handed.remove(standby)
+            if outcome:
+                self._broken[standby.key] = outcome
+                self._once(f"{outcome}; instances start as ordinary processes")
 
     def learn_path(self, invocation: Invocation, env: dict, cwd: Optional[str], mark_variable: str) -> str:
         """Where an instance of this key appends the modules it loads (given
@@ -214,6 +263,7 @@ class StandbyPool:
         for key in keys:
             self._read_learned(key)
         with self._lock:
+            self._check_handed()
             for key, idle in self._idle.items():
                 learned = self._learned.get(key, [])
                 for standby in idle:
@@ -292,16 +342,18 @@ class StandbyPool:
 
     # ------------------------------------------------------------ spawning
 
-    def _spawn(self, interpreter: str, env: dict, cwd: Optional[str], key: str) -> Future:
+    def _spawn(self, interpreter: str, env: dict, cwd: Optional[str], key: str, spare: bool = False) -> Future:
+        """A standby now (an instance waits for it), or a ``spare`` once the
+        starts have been quiet for ``spares_after_s``."""
         future: Future = Future()
         if self._closed:
             future.set_result(None)
         else:
-            self._jobs.put((future, interpreter, env, cwd, key))
+            self._jobs.put((future, interpreter, env, cwd, key, spare))
         return future
 
     def _spawn_later(self, interpreter: str, env: dict, cwd: Optional[str], key: str) -> None:
-        future = self._spawn(interpreter, env, cwd, key)
+        future = self._spawn(interpreter, env, cwd, key, spare=True)
         future.add_done_callback(lambda done: self._keep(done.result(), key))
 
     def _keep(self, standby: Optional[Standby], key: str) -> None:
@@ -315,17 +367,31 @@ class StandbyPool:
             self._idle.setdefault(standby.key, []).append(standby)
 
     def _spawner(self) -> None:
+        spares: list = []  # spare spawns waiting for quiet
         while True:
+            quiet_in = self._quiet_from - time.monotonic()
+            if spares and quiet_in <= 0:
+                job = spares.pop(0)
+            else:
+                try:
+                    job = self._jobs.get(timeout=min(REFRESH_EVERY_S, quiet_in) if quiet_in > 0 else REFRESH_EVERY_S)
+                except queue.Empty:
+                    if self._quiet_from <= time.monotonic():
+                        self._refresh()
+                    else:
+                        with self._lock:
+                            self._check_handed()
+                    continue
+                if job is None:
+                    for future, *_ in spares:
+                        future.set_result(None)
+                    return
+                if job[5] and (spares or self._quiet_from > time.monotonic()):
+                    spares.append(job)
+                    continue
+            future, interpreter, env, cwd, key, spare = job
             try:
-                job = self._jobs.get(timeout=REFRESH_EVERY_S)
-            except queue.Empty:
-                self._refresh()
-                continue
-            if job is None:
-                return
-            future, interpreter, env, cwd, key = job
-            try:
-                standby = self._start(interpreter, env, cwd, key)
+                standby = self._start(interpreter, env, cwd, key, spare)
                 self._read_learned(key)
                 standby.send_imports(list(self._learned.get(key, ())))
                 future.set_result(standby)
@@ -334,7 +400,7 @@ class StandbyPool:
                            f"processes")
                 future.set_result(None)
 
-    def _start(self, interpreter: str, env: dict, cwd: Optional[str], key: str) -> Standby:
+    def _start(self, interpreter: str, env: dict, cwd: Optional[str], key: str, spare: bool) -> Standby:
         if self.streams:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             control_w, control_r = ours.detach(), theirs.detach()
@@ -349,7 +415,8 @@ class StandbyPool:
         ready_r, ready_w = os.pipe()
         try:
             popen = subprocess.Popen(
-                self._spawn_argv([interpreter, STANDBY_SCRIPT, str(control_r), str(ready_w), *self.modules]),
+                self._spawn_argv([interpreter, STANDBY_SCRIPT, str(control_r), str(ready_w),
+                                  *(["--spare"] if spare else []), *self.modules]),
                 env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.PIPE,
                 start_new_session=True, pass_fds=(control_r, ready_w))
         except OSError:
@@ -360,7 +427,7 @@ class StandbyPool:
         os.close(ready_w)
         self._on_spawn(popen.pid)
         self.counters["spawned"] += 1
-        return Standby(popen, control_w, ready_r, key)
+        return Standby(popen, control_w, ready_r, key, spare=spare)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -372,6 +439,10 @@ class StandbyPool:
             for standby in idle:  # a failed preload is said even if no later start met it
                 if standby.is_ready() is False and standby.failure:
                     self._once(f"{standby.failure}; instances start as ordinary processes")
+            self._check_handed()
+            for standby in self._handed:
+                _close(standby.ready)
+            self._handed.clear()
         self._jobs.put(None)
         self._thread.join(10.0)
         for standby in idle:
@@ -399,6 +470,14 @@ def _last_words(standby: Standby) -> str:
             text = ""
     code = standby.popen.returncode
     return f"exited with code {code}" + (f" ({text[:300]})" if text else "")
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
