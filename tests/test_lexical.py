@@ -143,3 +143,32 @@ def test_a_tail_of_progress_lines_before_the_error_is_judged_as_the_error_alone(
     error = ["RuntimeError: connection reset by peer while reading the shard from the object store"]
     progress = [f"epoch 1 step {n} loss 0.{n % 97:02d} lr 3e-4 throughput 812 samples/s" for n in range(400)]
     assert model.score(progress + error).retryable == model.score(error).retryable
+
+
+def test_what_the_catalogue_found_is_a_context_token_the_model_weighs_and_is_not_regularised():
+    from trainwarden.evidence.lexical import catalogue_context
+
+    assert catalogue_context("none") == ("catalogue_none",) and catalogue_context("own") == ()
+    examples = [Example(("error: something",), False, ("catalogue_none",))] * 6 + \
+        [Example(("error: something",), True)] * 6
+    model = train(examples, l2=100.0, epochs=40, min_documents=1, keep=1)
+    assert list(model.weights) == ["catalogue_none"] and model.weights["catalogue_none"] < -1
+    assert model.score(["error: something"], context=("catalogue_none",)).retryable < \
+        model.score(["error: something"]).retryable
+
+
+def test_a_tail_that_tells_of_no_failure_in_words_leaves_the_verdict_unknown_whatever_the_prior_says():
+    model = LexicalModel(bias=-3.0, weights={"catalogue_none": -1.0, "flapped": 5.0})
+    for tail in ([], ["something odd happened"], ["epoch 3 step 200 loss 1.23"]):
+        assert not model.confident(model.score(tail, context=("catalogue_none",)))
+    assert model.confident(model.score(["error: flapped"], context=("catalogue_none",)))
+    assert model.confident(model.score(["error: never seen before"], context=("catalogue_none",)))
+
+
+def test_a_death_by_signal_is_not_outweighed_by_the_words_the_process_printed_before_it():
+    pack = dataclasses.replace(PACK, lexical=_toy_model())
+    tail = ["failed: layout option frobnicate"]
+    assert pack.lexical.score(tail).retryable < 0.2
+    verdict = classify(pack, 137, tail)
+    assert verdict.kind == "exit" and verdict.retryable
+    assert weigh_words(pack, verdict, tail) == verdict

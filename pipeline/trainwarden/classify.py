@@ -18,6 +18,7 @@ import re
 from typing import Iterable, Optional, Sequence
 
 from trainwarden.evidence.facts import FACTS
+from trainwarden.evidence.lexical import catalogue_context
 from trainwarden.evidence.ranks import strip_prefix
 from trainwarden.evidence.signals import canonical_exit_code, signal_death
 from trainwarden.evidence.traceback import TRACEBACK_START, TracebackInfo, last_traceback, parse_exception
@@ -286,10 +287,14 @@ def _keyword_match(keywords: Iterable[str], tail: Sequence[str]) -> Optional[tup
     return None
 
 
-# The catalogue's weak evidence: nothing, the exit code alone, or the
-# exception's type and place alone. A pattern that names the error, the
-# job's own keywords and aftermath are never outweighed by words.
-_WEAK_KINDS = ("none", "exit", "structure")
+# The catalogue's weak evidence: nothing, or the exception's type and place
+# alone. A pattern that names the error, the job's own keywords and
+# aftermath are never outweighed by words, nor is a death by signal with
+# nothing else said: the tail of a killed process holds whatever it was
+# printing when the signal came, which does not say why it came (across the
+# tuning set's repositories the words were right for fewer of them than
+# the signal's own verdict).
+_WEAK_KINDS = ("none", "structure")
 LEXICAL_CATEGORIES = {Retryability.RETRYABLE: "likely_transient", Retryability.NOT_RETRYABLE: "likely_persistent"}
 
 
@@ -304,7 +309,7 @@ def weigh_words(pack: RulePack, verdict: Verdict, tail: Sequence[str]) -> Verdic
         return verdict
     # Where the failure is told (the last traceback on, or the last lines),
     # as for the patterns: an old warning must not outweigh the final error.
-    score = model.score(final_region(list(tail)[-pack.tail_lines:]))
+    score = model.score(final_region(list(tail)[-pack.tail_lines:]), context=catalogue_context(verdict.kind))
     said = Retryability.RETRYABLE if score.retryable >= 0.5 else Retryability.NOT_RETRYABLE
     words = ", ".join(f"{token} {weight:+.2f}" for token, weight in score.weighed)
     candidate = Candidate("lexical", LEXICAL_CATEGORIES[said], said, 0,

@@ -5,6 +5,13 @@ at the same sequence number in different operations (one in a BROADCAST,
 another in an ALLREDUCE) or with different sizes, the program issued its
 collectives in a different order on different ranks: a bug that repeats on
 every restart, not a network stall.
+
+A collective of one element that times out is a barrier (NCCL's
+``dist.barrier`` is a one-element all-reduce) or a flag the program syncs:
+one rank is doing something else (saving a checkpoint, evaluating, still
+preparing its data, in a branch the others skip) for longer than the
+timeout, and it does so again after a restart. A stalled link or a hung
+GPU stops the large collectives of the training step just as well.
 """
 
 from __future__ import annotations
@@ -45,3 +52,20 @@ def store_barrier_overcount(tail: Sequence[str]) -> Optional[str]:
         if match is not None and int(match.group("workers")) > int(match.group("world")):
             return strip_prefix(line)
     return None
+
+
+_TIMED_OUT = re.compile(r"(?i)timeout|timed out|timing out")
+
+
+def collective_timeout_one_element(tail: Sequence[str]) -> Optional[str]:
+    """The watchdog's timeout line when every collective it says timed out
+    carried one element (a barrier, a flag), or None."""
+    found = None
+    for line in tail:
+        match = _WORK.search(line)
+        if match is None or match.group("numel") is None or not _TIMED_OUT.search(line):
+            continue
+        if match.group("numel") != "1":
+            return None
+        found = found or strip_prefix(line)
+    return found

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from trainwarden.evidence.collectives import collective_desync, store_barrier_overcount
+from trainwarden.evidence.collectives import collective_desync, collective_timeout_one_element, store_barrier_overcount
+from trainwarden.evidence.memory import cuda_memory_held_elsewhere
 
 FACTS: dict[str, Callable[[Sequence[str]], Optional[str]]] = {
     "collective_desync": collective_desync,
     "store_barrier_overcount": store_barrier_overcount,
+    "cuda_memory_held_elsewhere": cuda_memory_held_elsewhere,
+    "collective_timeout_one_element": collective_timeout_one_element,
 }
 FACT_NAMES = tuple(FACTS)

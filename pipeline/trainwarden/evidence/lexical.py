@@ -22,7 +22,7 @@ from typing import Iterable, Mapping, Sequence
 
 from trainwarden.evidence.ranks import strip_prefix
 
-__all__ = ["LexicalModel", "LexicalScore", "Example", "WeightsError", "salient", "tokens", "train",
+__all__ = ["LexicalModel", "LexicalScore", "Example", "WeightsError", "catalogue_context", "salient", "tokens", "train",
            "weights_to_text", "parse_weights"]
 
 _MASKS = (
@@ -71,6 +71,7 @@ def tokens(lines: Iterable[str]) -> frozenset[str]:
 class LexicalScore:
     retryable: float  # probability that a restart gets past it
     weighed: tuple[tuple[str, float], ...]  # the words that weighed most, heaviest first (+: retryable)
+    words: int = 0  # how many words and pairs the tail's lines that tell of a failure hold
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,19 +83,25 @@ class LexicalModel:
     confidence: float = 0.15
     trained_on: str = ""
 
-    def score(self, lines: Sequence[str], explain: int = 5) -> LexicalScore:
+    def score(self, lines: Sequence[str], explain: int = 5, context: Iterable[str] = ()) -> LexicalScore:
+        """``context``: tokens that are not words of the tail (what the
+        catalogue found, see ``catalogue_context``)."""
         total = self.bias
         hits = []
-        for token in tokens(lines):
+        read = tokens(lines)
+        for token in read | frozenset(context):
             weight = self.weights.get(token)
             if weight is not None:
                 total += weight
                 hits.append((token, weight))
         hits.sort(key=lambda hit: (-abs(hit[1]), hit[0]))
-        return LexicalScore(_sigmoid(total), tuple((t, round(w, 3)) for t, w in hits[:explain]))
+        return LexicalScore(_sigmoid(total), tuple((t, round(w, 3)) for t, w in hits[:explain]), len(read))
 
     def confident(self, score: LexicalScore) -> bool:
-        return abs(score.retryable - 0.5) >= self.confidence
+        """Far enough from even, for a tail that tells of a failure in words:
+        with none at all (no output, only progress lines), the bias and the
+        context are all there is, and that is no evidence either way."""
+        return abs(score.retryable - 0.5) >= self.confidence and score.words > 0
 
 
 def _sigmoid(value: float) -> float:
@@ -108,6 +115,16 @@ def _sigmoid(value: float) -> float:
 class Example:
     lines: tuple[str, ...]
     retryable: bool
+    context: tuple[str, ...] = ()  # tokens that are not words of the tail (catalogue_context)
+
+
+def catalogue_context(kind: str) -> tuple[str, ...]:
+    """What the catalogue's evidence was, as a token the model weighs: a
+    failure no pattern recognises at all is not like one whose words a
+    pattern named (the catalogue knows the usual transient failures well, so
+    what it does not know leans the other way), and the model learns by how
+    much. Empty for the kinds that name the error (a pattern, a fact, aftermath)."""
+    return (f"catalogue_{kind}",) if kind in ("none", "exit", "structure") else ()
 
 
 def train(examples: Sequence[Example], *, l2: float = 1.0, epochs: int = 40, min_documents: int = 2,
@@ -119,7 +136,8 @@ def train(examples: Sequence[Example], *, l2: float = 1.0, epochs: int = 40, min
     heaviest weights are kept."""
     if not examples:
         raise ValueError("no examples to train on")
-    documents = [tokens(e.lines) for e in examples]
+    documents = [tokens(e.lines) | frozenset(e.context) for e in examples]
+    context = {token for e in examples for token in e.context}
     counts: dict[str, int] = {}
     for doc in documents:
         for token in doc:
@@ -141,11 +159,13 @@ def train(examples: Sequence[Example], *, l2: float = 1.0, epochs: int = 40, min
             bias_square += error * error
             bias -= rate * error / math.sqrt(bias_square)
             for token in features:
-                # The regulariser spread over the examples: L2 / n per step.
-                gradient = error + l2 * weights[token] / n
+                # The regulariser spread over the examples: L2 / n per step;
+                # none for the few context tokens, which every example of
+                # their kind has (like the bias, they are not one thread's wording).
+                gradient = error + (0.0 if token in context else l2 * weights[token] / n)
                 squares[token] += gradient * gradient
                 weights[token] -= rate * gradient / math.sqrt(squares[token])
-    heaviest = sorted(weights.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:keep]
+    heaviest = sorted(weights.items(), key=lambda kv: (kv[0] not in context, -abs(kv[1]), kv[0]))[:keep]
     return LexicalModel(bias=round(bias, 6), weights={t: round(w, 6) for t, w in sorted(heaviest) if w},
                         confidence=confidence, trained_on=trained_on)
 
