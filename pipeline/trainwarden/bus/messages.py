@@ -100,6 +100,9 @@ class StopInstances(msgspec.Struct, frozen=True, tag="stop_instances"):
     # A hung job: dump the instances' stacks before stopping them, and send
     # them (stack_dumps) under this report id.
     snapshot_report: str = ""
+    # The job is over: once nothing of it runs on the node, its agent lets go
+    # of what it kept for the job (standby interpreters, the keeper).
+    job_ended: bool = False
 
 
 class ExpectTasks(msgspec.Struct, frozen=True, tag="expect_tasks"):

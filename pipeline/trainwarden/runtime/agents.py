@@ -46,6 +46,7 @@ class ClusterJob:
         self.settings = settings
         self.instance_names = list(self.specs)
         self.incarnation: dict[str, tuple[int, int]] = {}
+        self.nodes_used: set[str] = set()  # every node an instance of the job ran on: told when it ends
 
     def stop_on_agents(self, names: Sequence[str], snapshot: str) -> None:
         for node, instances in self.port.cluster.release(self.job_id, list(names)).items():
@@ -55,6 +56,13 @@ class ClusterJob:
             self.port.send_command(StopInstances(node=node, job_id=self.job_id, action_id="stop",
                                                  instances=tuple(instances), grace_s=self.spec.stop_grace_s,
                                                  incarnations=targets, snapshot_report=snapshot))
+
+    def end_on_agents(self) -> None:
+        """The job is over: each agent it ran on stops what is left of it
+        and lets go of its standbys and keeper."""
+        for node in sorted(self.nodes_used):
+            self.port.send_command(StopInstances(node=node, job_id=self.job_id, action_id="end", instances=(),
+                                                 grace_s=self.spec.stop_grace_s, job_ended=True))
 
     def stop_all(self, snapshot: str = "") -> None:
         self.stop(self.instance_names, snapshot)  # each runtime's own stop
@@ -67,6 +75,7 @@ class ClusterJob:
             # A restarted actuator learns where its jobs run from the agents.
             self.incarnation[instance] = (round_, start)
             placement[instance] = node
+        self.nodes_used.add(node)
         if self.incarnation[instance] != (round_, start):
             return False
         if self.places_itself:
@@ -102,6 +111,7 @@ class AgentsRuntime(ClusterJob):
     def _send_start(self, name: str, round_: int, start: int) -> None:
         cluster = self.port.cluster
         node = cluster.place(self.job_id, name, self.port.clock())
+        self.nodes_used.add(node.name)
         rank0 = min(self.specs.values(), key=lambda s: s.rank).name
         master_node = cluster.placement.get(self.job_id, {}).get(rank0, node.name)
         role = self.spec.role(self.specs[name].role)
@@ -122,6 +132,7 @@ class AgentsRuntime(ClusterJob):
 
     def finish(self) -> None:
         self.waiting = []
+        self.end_on_agents()
 
 
 class UnplacedRuntime:
@@ -139,6 +150,13 @@ class UnplacedRuntime:
 
     def stop(self, names: Sequence[str], snapshot: str = "") -> None:
         pass
+
+    def end_on_agents(self) -> None:
+        """The job is over: each agent it ran on stops what is left of it
+        and lets go of its standbys and keeper."""
+        for node in sorted(self.nodes_used):
+            self.port.send_command(StopInstances(node=node, job_id=self.job_id, action_id="end", instances=(),
+                                                 grace_s=self.spec.stop_grace_s, job_ended=True))
 
     def stop_all(self, snapshot: str = "") -> None:
         pass

@@ -121,6 +121,7 @@ class Agent:
         self._stoppers: list[threading.Thread] = []
         self._deferred: list = []  # (stopper thread, start) waiting for a stop to finish
         self._stopping: dict[tuple[str, str], tuple[tuple[int, int], threading.Thread]] = {}
+        self._ended: set[str] = set()  # jobs that are over: let go of once nothing of them runs here
         # On a Slurm node: the tasks Slurm starts here, followed like our own instances.
         self.slurm = SlurmTasks(slurm_dir, node, clock, self.control.address) if slurm_dir else None
 
@@ -136,6 +137,8 @@ class Agent:
                     self._adopt(item[1])
                 else:
                     self._local(item)
+        if self._ended:
+            self._let_go()
         if self._deferred:
             ready = [d for d in self._deferred if not d[0].is_alive()]
             self._deferred = [d for d in self._deferred if d[0].is_alive()]
@@ -217,6 +220,7 @@ class Agent:
             self._stop(command)
 
     def _start(self, command: StartInstance) -> None:
+        self._ended.discard(command.job_id)  # the same id again: a new job
         key = (command.job_id, command.instance.name)
         current = self.running.get(key)
         if current is not None and (current.round, current.start) == (command.round, command.start):
@@ -262,6 +266,8 @@ class Agent:
             launch()
 
     def _stop(self, command: StopInstances) -> None:
+        if command.job_ended:
+            self._ended.add(command.job_id)
         runtime = self.runtimes.get(command.job_id)
         adopted = [name for (job_id, name), r in self.running.items() if job_id == command.job_id and r.adopted]
         if runtime is None and not adopted:
@@ -321,6 +327,18 @@ class Agent:
         own = [name for name in names if name not in tasks]
         if own and runtime is not None:
             runtime.stop(own, command.grace_s, targets)
+
+    def _let_go(self) -> None:
+        """Ended jobs with nothing left running here: their runtimes close
+        (standbys, keeper) in the background, not to delay heartbeats."""
+        for job_id in list(self._ended):
+            runtime = self.runtimes.get(job_id)
+            if any(key[0] == job_id for key in self.running) or (runtime is not None and runtime.running()):
+                continue
+            self._ended.discard(job_id)
+            if runtime is not None:
+                del self.runtimes[job_id]
+                threading.Thread(target=runtime.close, args=(0,), name=f"close-{job_id}", daemon=True).start()
 
     def _adopt(self, adopted) -> None:
         """A Slurm task announced by the actuator started here: one of our instances from now on."""

@@ -1,0 +1,68 @@
+"""Standbys (``submit --preload``) on the agents of a real Kafka cluster are
+never instances: not in ``trainwarden nodes``, not in the history, not in
+hang detection, and none is left once the job has ended."""
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.processes import ServiceProcesses, behave, wait_for
+from tests.conftest import TRAINWARDEN
+
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
+
+
+@pytest.fixture
+def services(tmp_path):
+    bootstrap = os.environ.get("TRAINWARDEN_KAFKA")
+    if not bootstrap:
+        pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
+    s = ServiceProcesses(bootstrap, tmp_path, nodes=2, slots=2)
+    yield s
+    s.stop()
+
+
+def standby_pids(job_id: str) -> list[int]:
+    """Processes of this job that are waiting standbys: the standby script,
+    with the job's id in their environment."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"standby.py" in cmdline and f"TRAINWARDEN_JOB_ID={job_id}".encode() in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def test_standbys_on_the_agents_are_in_no_listing_history_or_hang_detection_and_end_with_the_job(services, job_id):
+    # Rank 1 is killed in round 0; round 1 runs 12 s of steps, while the
+    # spares wait in silence far longer than the 3 s hang interval.
+    proc = services.submit("--job-id", job_id, "--nproc", "2", "--preload", "json,email.mime.text", "--args",
+                           "--enable-job-restart=True --enable-job-hang-detection=True --job-hang-interval=3",
+                           "--", *behave("--steps", "60", "--step-s", "0.2", "--fail-rank", "1", "--fail-rounds", "0",
+                                         "--fail-at-step", "2", "--fail-code", "137"))
+    wait_for(lambda: len(standby_pids(job_id)) >= 2, 60, "the spares of round 1")
+    listed = subprocess.run([*TRAINWARDEN, "nodes", "--json"], env=services.env, capture_output=True, text=True,
+                            timeout=60)
+    rows = {row["node"]: row for row in json.loads(listed.stdout)}
+    assert sum(rows[node]["running"] for node in services.node_names) <= 2, rows
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, services.logs() + out[-3000:] + err[-3000:]
+    assert "ordinary process" not in out + err
+    records = [r for r in services.history(job_id) if r["result"] == "done"]
+    assert [(r["action"], r["error_source"]) for r in records] == [("restart_job", "instance_exit")], records
+    assert {r["instance_name"] for r in records} <= {"worker-0", "worker-1"}
+    # The job ended: so did its standbys, on every agent.
+    deadline = time.monotonic() + 15
+    while standby_pids(job_id):
+        assert time.monotonic() < deadline, standby_pids(job_id)
+        time.sleep(0.2)
