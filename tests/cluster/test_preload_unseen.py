@@ -6,11 +6,11 @@ import json
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.cluster.processes import ServiceProcesses, behave, wait_for
+from tests.e2e.helpers import standby_pids
 from tests.conftest import TRAINWARDEN
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
@@ -24,23 +24,6 @@ def services(tmp_path):
     s = ServiceProcesses(bootstrap, tmp_path, nodes=2, slots=2)
     yield s
     s.stop()
-
-
-def standby_pids(job_id: str) -> list[int]:
-    """Processes of this job that are waiting standbys: the standby script,
-    with the job's id in their environment."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if b"standby.py" in cmdline and f"TRAINWARDEN_JOB_ID={job_id}".encode() in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
 
 
 def test_standbys_on_the_agents_are_in_no_listing_history_or_hang_detection_and_end_with_the_job(services, job_id):

@@ -24,3 +24,20 @@ def pids_by_instance(stdout: str) -> dict[str, set[int]]:
 
 def actions(records: list[dict]) -> list[tuple[str, str]]:
     return [(r["action"], r["result"]) for r in records]
+
+
+def standby_pids(job_id: str) -> list[int]:
+    """Processes of this job that are waiting standbys: the standby script,
+    with the job's id in their environment."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"standby.py" in cmdline and f"TRAINWARDEN_JOB_ID={job_id}".encode() in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found

@@ -5,7 +5,7 @@ instance existed (runtime/standby.py), on real processes."""
 import sys
 import textwrap
 
-from tests.e2e.helpers import actions
+from tests.e2e.helpers import actions, standby_pids
 
 JOB = textwrap.dedent("""\
     import os, sys, time
@@ -69,3 +69,24 @@ def test_a_preload_module_that_does_not_exist_means_ordinary_starts_said_once(cl
 def test_a_bad_preload_name_is_refused_naming_the_flag(cli, job_id):
     result = cli("run", "--job-id", job_id, "--preload", "torch;rm -rf", "--", sys.executable, "-c", "pass")
     assert result.code == 2 and "--preload: 'torch;rm -rf' is not a module name" in result.err, result
+
+
+def test_standbys_are_not_instances_to_hang_detection_or_history_and_none_is_left_after_the_run(
+        cli, history, job_id, tmp_path):
+    env = _files(tmp_path)
+    (tmp_path / "steady.py").write_text(textwrap.dedent("""\
+        import os, signal, sys, time
+        if os.environ["RANK"] == "1" and os.environ["TRAINWARDEN_RESTART_ROUND"] == "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+        for step in range(40):  # 8 s of steps; the spares say nothing all along
+            print("step", step, flush=True)
+            time.sleep(0.2)
+    """))
+    result = cli("run", "--job-id", job_id, "--nproc", "2", "--preload", "tw_preload_probe", "--args",
+                 "--enable-job-restart=True --enable-job-hang-detection=True --job-hang-interval=2", "--",
+                 sys.executable, str(tmp_path / "steady.py"), env=env)
+    assert result.code == 0, result
+    records = history(job_id)
+    assert actions(records) == [("restart_job", "done")], records
+    assert {r["instance_name"] for r in records} == {"worker-1"}
+    assert standby_pids(job_id) == []
