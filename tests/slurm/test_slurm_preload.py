@@ -45,7 +45,7 @@ JOB = textwrap.dedent("""\
           f" imported_at {probe.IMPORTED_AT if probe else 0:.6f}"
           f" rank_at_import {probe.RANK_AT_IMPORT if probe else '-'} cwd {os.getcwd()}", flush=True)
     open(os.path.join(marks, f"rank{rank}-round{round_}"), "w").close()
-    if rank == 1 and round_ == 0:
+    if rank == 1 and round_ == 0 and os.environ.get("TW_FAIL") == "1":
         # Rank 0 has said its line, and the next round's spares have imported
         # the probe (two imports per node), before the fault.
         deadline = time.time() + 40
@@ -227,13 +227,14 @@ def _alive(pid: int) -> bool:
 
 # ------------------------------------------------------------ jobs on the real Slurm
 
-def _job(job_id: str, tmp_path: Path, preload=("tw_slurm_probe",)):
+def _job(job_id: str, tmp_path: Path, preload=("tw_slurm_probe",), fail=True, args="--enable-job-restart=True"):
     (tmp_path / "tw_slurm_probe.py").write_text(PROBE)
     (tmp_path / "job.py").write_text(JOB)
-    definition = from_command([sys.executable, "job.py"], 2, "--enable-job-restart=True", job_id, stop_grace_s=2)
+    definition = from_command([sys.executable, "job.py"], 2, args, job_id, stop_grace_s=2)
     # A workdir: the command comes wrapped in a shell (runtime.py), which task.py unwraps.
     return dataclasses.replace(definition, preload=tuple(preload), workdir=str(tmp_path),
-                               env=(("PYTHONPATH", str(tmp_path)), ("TW_MARKS", str(tmp_path))))
+                               env=(("PYTHONPATH", str(tmp_path)), ("TW_MARKS", str(tmp_path)),
+                                    ("TW_FAIL", "1" if fail else "0")))
 
 
 def _rank_lines(outcome) -> dict[tuple[int, int], dict]:
@@ -309,8 +310,7 @@ def test_without_a_host_the_tasks_start_fresh_and_say_why_once(job_id, tmp_path,
 
     # The allocation never gets its hosts: the rounds start at once.
     monkeypatch.setattr(SlurmRuntime, "_hosts_ready", lambda self, job: True)
-    definition = dataclasses.replace(_job(job_id, tmp_path), settings=from_command(
-        ["x"], 1, "--enable-job-restart=False", None).settings)
+    definition = _job(job_id, tmp_path, args="--enable-job-restart=False")
     # It lives a moment: an agent adopts a task by reading its process (adopt.py), a task gone by then is lost.
     (tmp_path / "job.py").write_text("import os, sys, time\nprint('rank', os.environ['RANK'], 'preloaded',"
                                      " 'tw_slurm_probe' in sys.modules, flush=True)\ntime.sleep(1.5)\n")
@@ -321,3 +321,29 @@ def test_without_a_host_the_tasks_start_fresh_and_say_why_once(job_id, tmp_path,
         said = [t for t in outcome.texts(instance) if "ordinary process" in t]
         assert len(said) == 1 and "no standby host listens on node" in said[0], texts
     assert sorted(t for t in texts if t.startswith("rank ")) == ["rank 0 preloaded False", "rank 1 preloaded False"]
+
+
+C4D_ERROR = '[C4D] level=Error kind=RankCommHang rank=0 detail="allreduce stuck for 190 s"'
+
+
+def test_a_requeued_allocation_gets_hosts_of_its_own_and_the_round_runs_in_their_standbys(job_id, tmp_path):
+    from tests.scenarios.runtimes import run
+
+    definition = _job(job_id, tmp_path, fail=False, args="--enable-job-hang-detection=True "
+                      "--enable-c4d-hang-detection=True --enable-job-restart=True")
+    # C4D blames rank 0's node: it is drained, and the next round needs a new allocation run without it.
+    outcome = run("slurm", tmp_path, definition, timeout_s=150,
+                  trigger=lambda line: C4D_ERROR if line.text.startswith("rank 0 round 0") else None)
+    assert outcome.succeeded, outcome.texts()
+    lines = _rank_lines(outcome)
+    assert sorted(lines) == [(0, 0), (0, 1), (1, 0), (1, 1)], outcome.texts()
+    for key, fields in lines.items():
+        assert (fields["preloaded"], fields["before_start"], fields["rank_at_import"]) == ("True", "True", "None"), key
+    starts = _manifests(tmp_path, "start")
+    assert sorted({m["restart"] for m in starts}) == [0, 1] and all(m["task_pid"] for m in starts), starts
+    ready = sorted(p.name.split(".")[1] for p in (tmp_path / "slurm" / job_id / "standby").glob("*.ready"))
+    assert ready == ["r0", "r0", "r1", "r1"], ready
+    deadline = time.time() + 15
+    while _leftovers(tmp_path) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _leftovers(tmp_path) == []
