@@ -70,3 +70,32 @@ def test_kills_at_different_points_are_the_same_error():
     a = classify(PACK, 137, ["step 7 loss 0.3"]).signature
     b = classify(PACK, 137, ["saving checkpoint 12"]).signature
     assert a == b == "killed_by_platform"
+
+
+def test_a_sigbus_is_shared_memory_that_ran_out_and_not_retryable():
+    verdict = classify(PACK, 135, [])
+    assert verdict.rule == "bus_error" and not verdict.retryable
+    verdict = classify(PACK, 1, ["epoch 1 step 30", "Bus error (core dumped)"])
+    assert verdict.rule == "shared_memory_exhausted" and not verdict.retryable
+
+
+def test_torchs_words_for_a_program_bug_are_not_retryable_however_the_exception_is_printed():
+    for line in ("RuntimeError: Trying to backward through the graph a second time (or directly access saved tensors)",
+                 "RuntimeError: Error(s) in loading state_dict for ResNet:",
+                 "RuntimeError: Input type (torch.FloatTensor) and weight type (torch.cuda.HalfTensor) should be the same"):
+        verdict = classify(PACK, 1, ["step 3", line])
+        assert verdict.rule == "torch_program_error" and not verdict.retryable, line
+
+
+def test_an_object_store_that_refuses_the_request_is_a_configuration_error_and_a_drive_quota_lifts():
+    verdict = classify(PACK, 1, ["botocore.exceptions.ClientError: An error occurred (403) when calling the "
+                                 "HeadObject operation: Forbidden"])
+    assert verdict.rule == "remote_request_refused" and not verdict.retryable
+    verdict = classify(PACK, 1, ["Access denied with the following error:", "Too many users have viewed or "
+                                 "downloaded this file recently. Please try accessing the file again later."])
+    assert verdict.rule == "remote_service_unavailable" and verdict.retryable
+
+
+def test_a_driver_upgraded_under_the_node_is_a_retryable_node_fault():
+    verdict = classify(PACK, 1, ["Failed to initialize NVML: Driver/library version mismatch"])
+    assert verdict.rule == "gpu_not_ready" and verdict.retryable
