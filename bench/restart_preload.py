@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch_faults  # noqa: E402 - the same job, launchers and parsing as bench/torch_faults.py
 
-PRELOAD = "torch,torch._dynamo,torch.distributed,torch.nn.parallel"
+PRELOAD = "torch"
 
 
 # The fault comes 10 s into training, as faults do in a job's steady state
@@ -58,6 +58,8 @@ def measure(launcher: str, repeat: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3, help="runs per launcher (the median is printed)")
+    parser.add_argument("--only", choices=["plain", "preload", "torchrun"], action="append",
+                        help="just this launcher (repeatable)")
     args = parser.parse_args()
     import torch
 
@@ -68,6 +70,8 @@ def main() -> int:
     print("| --- | ---: | ---: | ---: | ---: |")
     labels = {"plain": "Trainwarden", "preload": f"Trainwarden --preload {PRELOAD}", "torchrun": "torchrun"}
     for launcher, label in labels.items():
+        if args.only and launcher not in args.only:
+            continue
         figures = measure(launcher, args.repeat)
 
         def cell(key: str) -> str:
