@@ -25,7 +25,7 @@ import pytest
 from trainwarden.jobspec import from_command
 from trainwarden.runtime.slurm import handoff
 from trainwarden.runtime.slurm.proof import can_prove, standby_token
-from trainwarden.runtime.slurm.standby_host import Host
+from trainwarden.runtime.slurm.standby_host import Host, sweep
 
 PROBE = textwrap.dedent("""\
     import os, time
@@ -189,6 +189,15 @@ def test_when_the_task_goes_away_the_host_kills_its_instance(host, tmp_path):
         time.sleep(0.05)
     assert not _alive(pid)
     assert host.counters["dropped"] == 1
+
+
+def test_a_sweep_removes_the_sockets_of_killed_hosts_and_keeps_a_listening_one(host, tmp_path):
+    dead = host.path.parent / "3.r0.n2.sock"
+    killed = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    killed.bind(str(dead))
+    killed.close()  # bound, never listening again: what a SIGKILLed host leaves
+    assert sweep(host.path.parent) == 1
+    assert not dead.exists() and host.path.exists()
 
 
 @pytest.mark.skipif(not can_prove(), reason="this kernel has no kcmp")

@@ -196,6 +196,28 @@ class Host:
         _say("ended: " + json.dumps({**self.counters, **self.pool.counters}))
 
 
+def sweep(root: Path) -> int:
+    """Remove the sockets nobody listens on any more (a host the end of its
+    allocation SIGKILLed could not remove its own); how many."""
+    removed = 0
+    for path in Path(root).glob("*.sock"):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            try:
+                path.unlink()
+                removed += 1
+            except OSError:
+                pass
+        except OSError:
+            pass  # busy or odd: left alone
+        finally:
+            probe.close()
+    return removed
+
+
 def _try_send(conn: socket.socket, message: dict) -> bool:
     try:
         handoff.send(conn, message)
@@ -230,6 +252,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     restart = int(os.environ.get("SLURM_RESTART_COUNT") or args.restart)
     try:
         root = handoff.private_directory(handoff.socket_root(), create=True)
+        sweep(root)
         host = Host(args.modules, handoff.socket_path(root, int(job), restart, node))
     except OSError as exc:
         _say(f"cannot listen for tasks: {exc}; the instances on node {node} start as ordinary processes")
