@@ -49,9 +49,9 @@ def pool():
     said: list[str] = []
     pools: list[StandbyPool] = []
 
-    def make(modules=("json",), spares_after_s=0.0):
+    def make(modules=("json",), spares_after_s=0.0, spares_after_learning_s=0.0):
         made = StandbyPool(modules, spawn_argv=list, on_spawn=lambda pid: None, say=said.append,
-                           spares_after_s=spares_after_s)
+                           spares_after_s=spares_after_s, spares_after_learning_s=spares_after_learning_s)
         made.said = said
         pools.append(made)
         return made
@@ -310,3 +310,29 @@ def test_a_spare_imports_on_idle_cpu_only_and_its_instance_runs_at_the_usual_pri
         time.sleep(0.01)
     code, out, _ = _run(made, [sys.executable, str(script)], _env(tmp_path), tmp_path)
     assert code == 0 and f"policy {os.SCHED_OTHER} nice {os.nice(0)}" in out, out
+
+
+def test_spares_wait_while_the_instances_still_load_modules_under_the_preload_packages(pool, tmp_path):
+    package = tmp_path / "twslow"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for i in range(4):
+        (package / f"part{i}.py").write_text("")
+    script = tmp_path / "job.py"
+    # Starting: a module every 0.5 s for 2 s, then training.
+    script.write_text("import importlib, time\nfor i in range(4):\n    importlib.import_module(f'twslow.part{i}')\n"
+                      "    time.sleep(0.5)\ntime.sleep(3)\n")
+    made = pool(("twslow",), spares_after_s=0.5, spares_after_learning_s=1.5)
+    invocation, _ = python_invocation([sys.executable, str(script)])
+    env = _env(tmp_path)
+    standby = made.take("worker-0", invocation, env, str(tmp_path), MARK, "m")
+    standby.hand_over(invocation, env, str(tmp_path), learn=made.learn_path(invocation, env, str(tmp_path), MARK),
+                      roots=made.roots)
+    started = time.monotonic()
+    deadline = started + 20
+    while not made.idle_pids():
+        assert time.monotonic() < deadline, made.counters
+        time.sleep(0.05)
+    # Not 0.5 s after the start: 1.5 s after the last of the four modules (about 1.5 s in).
+    assert time.monotonic() - started >= 2.5, made.counters
+    standby.popen.wait(30)

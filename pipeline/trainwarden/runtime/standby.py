@@ -152,30 +152,38 @@ def is_module_name(name: str) -> bool:
     return 0 < len(name) <= MODULE_NAME_MAX and all(part.isidentifier() for part in name.split("."))
 
 
+class _ImportRecorder:
+    """First on ``sys.meta_path``: told of every module about to be loaded,
+    by an import statement or ``importlib.import_module`` alike; it finds
+    nothing itself, so the import goes on as without it."""
+
+    def __init__(self, fd: int, roots: frozenset):
+        self.fd = fd
+        self.roots = roots
+        self.seen = set(sys.modules)
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.seen and name.partition(".")[0] in self.roots:
+            self.seen.add(name)
+            try:
+                os.write(self.fd, (name + "\n").encode("utf-8", "replace"))
+            except OSError:
+                pass
+        return None
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
 def learn_imports(path: str, roots: Sequence[str]) -> None:
     """Append each module this process loads from now on under ``roots``
-    to ``path``: an audit hook (no thread, so a later ``fork`` is as safe as
-    without it), one small append per module."""
+    to ``path``: one small append per module, no thread (a later ``fork``
+    is as safe as without it)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:
         return
-    wanted = frozenset(roots)
-    seen = set(sys.modules)
-
-    def hook(event: str, args: tuple) -> None:
-        if event != "import":
-            return
-        name = args[0]
-        if name in seen or not isinstance(name, str) or name.partition(".")[0] not in wanted:
-            return
-        seen.add(name)
-        try:
-            os.write(fd, (name + "\n").encode("utf-8", "replace"))
-        except OSError:
-            pass
-
-    sys.addaudithook(hook)
+    sys.meta_path.insert(0, _ImportRecorder(fd, frozenset(roots)))
 
 
 CAP_SYS_NICE = 23

@@ -45,6 +45,11 @@ REFRESH_EVERY_S = 1.0
 # come first (on 2 cores, three spares importing torch beside three starting
 # ranks kept them silent long enough to look hung).
 SPARES_AFTER_S = 5.0
+# ... and this long after the instances last loaded a module under the
+# preload packages: until then they are still starting (torch._dynamo's 900
+# modules come with the first optimizer), and on 2 cores even spares on idle
+# CPU slowed that down.
+SPARES_AFTER_LEARNING_S = 3.0
 # An instance's own variables: a standby starts before any instance exists.
 INSTANCE_VARIABLES = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
@@ -171,16 +176,18 @@ def env_key(interpreter: str, env: dict, cwd: Optional[str], modules: Sequence[s
 class StandbyPool:
     def __init__(self, modules: Sequence[str], spawn_argv: Callable[[list[str]], list[str]],
                  on_spawn: Callable[[int], None], say: Callable[[str], None], streams: bool = False,
-                 spares_after_s: float = SPARES_AFTER_S):
+                 spares_after_s: float = SPARES_AFTER_S, spares_after_learning_s: float = SPARES_AFTER_LEARNING_S):
         """``spawn_argv`` wraps a standby's command as instances' are (parent
         death signal); ``on_spawn(pid)`` tells the keeper; ``say`` reports a
         fallback to an ordinary start, once per reason. ``streams``: each
         instance brings its stdin, stdout and stderr (``Standby.hand_over``),
         so the standbys' control channels are Unix sockets and their output
         before that goes nowhere. ``spares_after_s``: how long after the
-        last start spares are prepared and told what was learned."""
+        last start spares are prepared and told what was learned, and
+        ``spares_after_learning_s`` how long after the last module learned."""
         self.modules = tuple(modules)
         self._spares_after_s = spares_after_s
+        self._spares_after_learning_s = spares_after_learning_s
         self._quiet_from = 0.0  # time.monotonic() from which background work may start
         self.streams = streams
         self._spawn_argv = spawn_argv
@@ -243,6 +250,8 @@ class StandbyPool:
             if outcome is None:
                 continue
             self._handed.remove(standby)
+            # Its instance starts only now: the spares wait for that start as for any other.
+            self._quiet_from = max(self._quiet_from, time.monotonic() + self._spares_after_s)
             if outcome:
                 self._broken[standby.key] = outcome
                 self._once(f"{outcome}; instances start as ordinary processes")
@@ -255,13 +264,17 @@ class StandbyPool:
 
     # ------------------------------------------------------------ learning
 
-    def _refresh(self) -> None:
-        """Read what the instances loaded since last time and tell the idle
-        standbys of each key to import it (the spawner's thread)."""
+    def _learn(self) -> None:
+        """Read what the instances loaded since last time; while they still
+        load modules, they are starting, and spares wait."""
         with self._lock:
             keys = list(self._instances)
-        for key in keys:
-            self._read_learned(key)
+        if sum(self._read_learned(key) for key in keys):
+            with self._lock:
+                self._quiet_from = max(self._quiet_from, time.monotonic() + self._spares_after_learning_s)
+
+    def _refresh(self) -> None:
+        """Tell the idle standbys of each key to import what was learned (the spawner's thread)."""
         with self._lock:
             self._check_handed()
             for key, idle in self._idle.items():
@@ -270,7 +283,8 @@ class StandbyPool:
                     if standby.learned_sent < len(learned):
                         standby.send_imports(learned[standby.learned_sent:])
 
-    def _read_learned(self, key: str) -> None:
+    def _read_learned(self, key: str) -> int:
+        """How many new modules this key's learn file names."""
         path = os.path.join(self._learn_dir, key + ".modules")
         done = self._learn_read.get(key, 0)
         try:
@@ -278,13 +292,14 @@ class StandbyPool:
                 f.seek(done)
                 data = f.read(max(0, LEARN_BYTES_MAX - done))
         except OSError:
-            return
+            return 0
         complete = data.rpartition(b"\n")[0]
         if not complete:
-            return
+            return 0
         self._learn_read[key] = done + len(complete) + 1
         learned = self._learned.setdefault(key, [])
         known = set(learned)
+        added = 0
         # The job wrote this file: only module names under the preload
         # packages, never a __main__, and a bounded number of them.
         for raw in complete.split(b"\n"):
@@ -295,6 +310,8 @@ class StandbyPool:
             known.add(name)
             learned.append(name)
             self.counters["learned"] += 1
+            added += 1
+        return added
 
     def _choose(self, key: str) -> Optional[Standby]:
         idle = self._idle.get(key, [])
@@ -369,24 +386,27 @@ class StandbyPool:
     def _spawner(self) -> None:
         spares: list = []  # spare spawns waiting for quiet
         while True:
+            self._learn()
+            with self._lock:
+                self._check_handed()
+                importing = bool(self._handed)  # an instance still waits for its standby's imports
             quiet_in = self._quiet_from - time.monotonic()
+            if importing:
+                quiet_in = max(quiet_in, REFRESH_EVERY_S)
             if spares and quiet_in <= 0:
                 job = spares.pop(0)
             else:
                 try:
                     job = self._jobs.get(timeout=min(REFRESH_EVERY_S, quiet_in) if quiet_in > 0 else REFRESH_EVERY_S)
                 except queue.Empty:
-                    if self._quiet_from <= time.monotonic():
+                    if not importing and self._quiet_from <= time.monotonic():
                         self._refresh()
-                    else:
-                        with self._lock:
-                            self._check_handed()
                     continue
                 if job is None:
                     for future, *_ in spares:
                         future.set_result(None)
                     return
-                if job[5] and (spares or self._quiet_from > time.monotonic()):
+                if job[5] and (spares or importing or self._quiet_from > time.monotonic()):
                     spares.append(job)
                     continue
             future, interpreter, env, cwd, key, spare = job

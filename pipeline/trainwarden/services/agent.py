@@ -310,7 +310,9 @@ class Agent:
         if command.snapshot_report:
             tools, timeout = configured()
             try:
-                roots = {name: runtime.pid(name) for name in tokens} if runtime is not None else None
+                # Each instance's own process: one a standby became carries no token in its environ.
+                roots = {name: r.pid if r.adopted else (runtime.pid(name) if runtime is not None else None)
+                         for name in tokens if (r := self.running.get((command.job_id, name))) is not None}
                 dumps, missing = dump_instances(tokens, tools, timeout, roots=roots)
             except Exception as exc:  # noqa: BLE001 - a failed dump must not keep the instances alive
                 dumps, missing = [], [f"{self.node}: stack dump failed: {exc!r}"]
