@@ -290,28 +290,6 @@ def test_spares_are_prepared_only_once_the_starts_have_been_quiet_for_a_while(po
         standby.close()
 
 
-def test_a_spare_imports_on_idle_cpu_only_and_its_instance_runs_at_the_usual_priority(pool, tmp_path):
-    from trainwarden.runtime.standby import _may_return_from_idle
-
-    if not _may_return_from_idle():
-        pytest.skip("needs CAP_SYS_NICE: without it spares keep the usual priority")
-    made = pool()
-    script = tmp_path / "job.py"
-    script.write_text("import os, threading\nprint('policy', os.sched_getscheduler(0), 'nice', os.nice(0))\n")
-    code, out, _ = _run(made, [sys.executable, str(script)], _env(tmp_path), tmp_path)
-    assert code == 0 and f"policy {os.SCHED_OTHER} nice {os.nice(0)}" in out, out
-    deadline = time.monotonic() + 30
-    while not made.idle_pids():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    [spare] = made.idle_pids()
-    while os.sched_getscheduler(spare) != os.SCHED_IDLE:  # from its first line on
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    code, out, _ = _run(made, [sys.executable, str(script)], _env(tmp_path), tmp_path)
-    assert code == 0 and f"policy {os.SCHED_OTHER} nice {os.nice(0)}" in out, out
-
-
 def test_spares_wait_while_the_instances_still_load_modules_under_the_preload_packages(pool, tmp_path):
     package = tmp_path / "twslow"
     package.mkdir()

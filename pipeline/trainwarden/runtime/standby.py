@@ -186,53 +186,6 @@ def learn_imports(path: str, roots: Sequence[str]) -> None:
     sys.meta_path.insert(0, _ImportRecorder(fd, frozenset(roots)))
 
 
-CAP_SYS_NICE = 23
-
-
-def _may_return_from_idle() -> bool:
-    """Whether this process could leave SCHED_IDLE again (an unprivileged
-    one cannot, with the usual RLIMIT_NICE of 0)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> CAP_SYS_NICE & 1)
-    except (OSError, ValueError):
-        pass
-    return False
-
-
-def _to_background() -> Optional[tuple[int, int]]:
-    """A spare imports on idle CPU only, so that it never slows the running
-    instances down: (policy, niceness) to come back to, or None."""
-    if not _may_return_from_idle():
-        return None
-    try:
-        saved = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (OSError, AttributeError):
-        return None
-    return saved
-
-
-def to_foreground(saved: Optional[tuple[int, int]], pid: str = "self") -> None:
-    """Every thread of ``pid`` at ``saved`` (policy, niceness): as before
-    ``_to_background``, whatever threads the imports started."""
-    if saved is None:
-        return
-    policy, niceness = saved
-    try:
-        threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        threads = [0] if pid == "self" else []
-    for tid in threads:
-        try:
-            os.sched_setscheduler(tid, policy, os.sched_param(0))
-            os.setpriority(os.PRIO_PROCESS, tid, niceness)
-        except OSError:
-            pass
-
-
 def _take_streams(fds: Sequence[int]) -> None:
     """The instance's stdin, stdout and stderr, received with its description."""
     for stream in (sys.stdout, sys.stderr):
@@ -344,15 +297,10 @@ def _import_quietly(names: Sequence[str]) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python .../standby.py CONTROL_FD READY_FD [--spare] [MODULE ...]``:
-    run as a script, so that any Python of the job can be a standby. A
-    ``--spare`` (no instance waits for it yet) imports at idle priority."""
+    """``python .../standby.py CONTROL_FD READY_FD [MODULE ...]``: run as a
+    script, so that any Python of the job can be a standby."""
     args = list(sys.argv[1:] if argv is None else argv)
     control_fd, ready_fd, modules = int(args[0]), int(args[1]), args[2:]
-    saved = None
-    if modules[:1] == ["--spare"]:
-        modules = modules[1:]
-        saved = _to_background()
     # Started as a script, sys.path[0] is this file's directory, whose module
     # names must not shadow the job's: the job's working directory instead.
     sys.path[0] = os.getcwd()
@@ -379,7 +327,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             continue
         fds = control.fds
         control.close()
-        to_foreground(saved)
         become(message["become"], fds)
 
 

@@ -34,7 +34,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from trainwarden.runtime.standby import Invocation, is_module_name, to_foreground
+from trainwarden.runtime.standby import Invocation, is_module_name
 
 STANDBY_SCRIPT = str(Path(__file__).resolve().parent / "standby.py")
 CONTROL_PIPE_BYTES = 1 << 20  # what the pool may write before the standby reads: its imports, then its instance
@@ -68,7 +68,6 @@ class Standby:
     warm: bool = False
     failure: str = ""  # why its preload failed, as it said
     learned_sent: int = 0  # how many of its key's learned modules it was told to import
-    spare: bool = False  # started at idle priority (where it could leave it)
 
     def is_ready(self) -> Optional[bool]:
         """True once warm; False if it died or its preload failed; None while
@@ -105,9 +104,6 @@ class Standby:
         message = {"invocation": dataclasses.asdict(invocation), "env": env, "cwd": cwd or "", "learn": learn,
                    "roots": list(roots)}
         data = (json.dumps({"become": message}) + "\n").encode()
-        if self.spare and not self.warm:
-            # Its instance waits for its imports: no longer on idle CPU only.
-            to_foreground((os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)), str(self.popen.pid))
         try:
             if streams:
                 # The instance's stdin, stdout and stderr go with the first byte;
@@ -409,9 +405,9 @@ class StandbyPool:
                 if job[5] and (spares or importing or self._quiet_from > time.monotonic()):
                     spares.append(job)
                     continue
-            future, interpreter, env, cwd, key, spare = job
+            future, interpreter, env, cwd, key, _ = job
             try:
-                standby = self._start(interpreter, env, cwd, key, spare)
+                standby = self._start(interpreter, env, cwd, key)
                 self._read_learned(key)
                 standby.send_imports(list(self._learned.get(key, ())))
                 future.set_result(standby)
@@ -420,7 +416,7 @@ class StandbyPool:
                            f"processes")
                 future.set_result(None)
 
-    def _start(self, interpreter: str, env: dict, cwd: Optional[str], key: str, spare: bool) -> Standby:
+    def _start(self, interpreter: str, env: dict, cwd: Optional[str], key: str) -> Standby:
         if self.streams:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             control_w, control_r = ours.detach(), theirs.detach()
@@ -435,8 +431,7 @@ class StandbyPool:
         ready_r, ready_w = os.pipe()
         try:
             popen = subprocess.Popen(
-                self._spawn_argv([interpreter, STANDBY_SCRIPT, str(control_r), str(ready_w),
-                                  *(["--spare"] if spare else []), *self.modules]),
+                self._spawn_argv([interpreter, STANDBY_SCRIPT, str(control_r), str(ready_w), *self.modules]),
                 env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.PIPE,
                 start_new_session=True, pass_fds=(control_r, ready_w))
         except OSError:
@@ -447,7 +442,7 @@ class StandbyPool:
         os.close(ready_w)
         self._on_spawn(popen.pid)
         self.counters["spawned"] += 1
-        return Standby(popen, control_w, ready_r, key, spare=spare)
+        return Standby(popen, control_w, ready_r, key)
 
     # ------------------------------------------------------------ lifecycle
 
