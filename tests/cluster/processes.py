@@ -13,6 +13,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, TRAINWARDEN
 
 KAFKA_SCRIPT = ROOT / "deploy" / "kafka" / "local-kafka"
@@ -193,3 +195,16 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
 
 def behave(*args: str) -> list[str]:
     return [sys.executable, str(ROOT / "tests" / "e2e" / "programs" / "behave.py"), *args]
+
+
+def services_on_broker(tmp: Path, **options):
+    """For a fixture (``yield from``): the services on TRAINWARDEN_KAFKA's
+    broker, stopped at the end; without a broker the test skips."""
+    bootstrap = os.environ.get("TRAINWARDEN_KAFKA")
+    if not bootstrap:
+        pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
+    services = ServiceProcesses(bootstrap, tmp, **options)
+    try:
+        yield services
+    finally:
+        services.stop()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.cluster.processes import ServiceProcesses
+from tests.cluster.processes import services_on_broker
 from tests.e2e.test_channels_bound import C4D_WRITER, FORGED, THIEF, VICTIM
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
@@ -17,12 +17,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 @pytest.fixture
 def services(tmp_path):
-    bootstrap = os.environ.get("TRAINWARDEN_KAFKA")
-    if not bootstrap:
-        pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
-    s = ServiceProcesses(bootstrap, tmp_path, nodes=2)
-    yield s
-    s.stop()
+    yield from services_on_broker(tmp_path, nodes=2)
 
 
 def _program(tmp_path, name, text):

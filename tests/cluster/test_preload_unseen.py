@@ -3,13 +3,12 @@ never instances: not in ``trainwarden nodes``, not in the history, not in
 hang detection, and none is left once the job has ended."""
 
 import json
-import os
 import subprocess
 import time
 
 import pytest
 
-from tests.cluster.processes import ServiceProcesses, behave, wait_for
+from tests.cluster.processes import behave, services_on_broker, wait_for
 from tests.e2e.helpers import standby_pids
 from tests.conftest import TRAINWARDEN
 
@@ -18,12 +17,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 @pytest.fixture
 def services(tmp_path):
-    bootstrap = os.environ.get("TRAINWARDEN_KAFKA")
-    if not bootstrap:
-        pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
-    s = ServiceProcesses(bootstrap, tmp_path, nodes=2, slots=2)
-    yield s
-    s.stop()
+    yield from services_on_broker(tmp_path, nodes=2, slots=2)
 
 
 def test_standbys_on_the_agents_are_in_no_listing_history_or_hang_detection_and_end_with_the_job(services, job_id):

@@ -66,8 +66,7 @@ def _run(pool, command, env, cwd, timeout=60, instance="worker-0"):
     assert invocation is not None, why
     standby = pool.take(instance, invocation, env, str(cwd), MARK, "test-mark")
     assert standby is not None, pool.said
-    standby.hand_over(invocation, env, str(cwd), learn=pool.learn_path(invocation, env, str(cwd), MARK),
-                      roots=pool.roots)
+    standby.hand_over(invocation, env, str(cwd))
     out, err = standby.popen.communicate(timeout=timeout)
     return standby.popen.returncode, out.decode(), err.decode()
 
@@ -240,8 +239,9 @@ def test_a_learn_file_the_job_forged_gives_only_valid_names_under_the_preload_pa
     made = pool(("json",))
     invocation, _ = python_invocation([sys.executable, "-c", "pass"])
     env = _env(tmp_path)
-    path = made.learn_path(invocation, env, str(tmp_path), MARK)
-    made.take("worker-0", invocation, env, str(tmp_path), MARK, "m").close()
+    taken = made.take("worker-0", invocation, env, str(tmp_path), MARK, "m")
+    path = taken.learn
+    taken.close()
     with open(path, "wb") as f:
         f.write(b"json.tool\nos\njson.__main__\njson; import os\n\xff\xfe\n" + b"json." + b"a" * 300 + b"\njson.decoder\npartial")
     deadline = time.monotonic() + 10
@@ -304,8 +304,7 @@ def test_spares_wait_while_the_instances_still_load_modules_under_the_preload_pa
     invocation, _ = python_invocation([sys.executable, str(script)])
     env = _env(tmp_path)
     standby = made.take("worker-0", invocation, env, str(tmp_path), MARK, "m")
-    standby.hand_over(invocation, env, str(tmp_path), learn=made.learn_path(invocation, env, str(tmp_path), MARK),
-                      roots=made.roots)
+    standby.hand_over(invocation, env, str(tmp_path))
     started = time.monotonic()
     deadline = started + 20
     while not made.idle_pids():

@@ -103,7 +103,7 @@ class LocalRuntime:
         self._starts = itertools.count(1)  # next() is atomic: starts come from several threads
         self._keeper = KeeperLease(self._mark)
         # Warm interpreters for Python instances, when the job names modules to preload.
-        self._standbys = StandbyPool(preload, spawn_argv=_with_parent_death_signal, on_spawn=self._keeper.watch,
+        self._standbys = StandbyPool(preload, spawn_argv=with_parent_death_signal, on_spawn=self._keeper.watch,
                                      say=say or _say) if preload else None
         self._thread = threading.Thread(target=self._io_loop, name="runtime-io", daemon=True)
         self._thread.start()
@@ -119,7 +119,7 @@ class LocalRuntime:
             popen = self._from_standby(name, resolved, env, cwd)
             if popen is None:
                 popen = subprocess.Popen(
-                    _with_parent_death_signal(resolved), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                    with_parent_death_signal(resolved), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 )
                 self._keeper.watch(popen.pid)  # its own session: pid = process group = session id
@@ -155,8 +155,7 @@ class LocalRuntime:
         if standby is None:
             return None
         # Watched by the keeper since it was spawned.
-        standby.hand_over(invocation, env, cwd, learn=self._standbys.learn_path(invocation, env, cwd, MARK_VARIABLE),
-                          roots=self._standbys.roots)
+        standby.hand_over(invocation, env, cwd)
         return standby.popen
 
     def _could_not_start(self, name: str, command: Sequence[str], exc: OSError, round_: int, start: int) -> None:
@@ -399,7 +398,7 @@ def _resolve(command: Sequence[str], env: dict, cwd: Optional[str]) -> list[str]
     return [found, *command[1:]]
 
 
-def _with_parent_death_signal(argv: list[str]) -> list[str]:
+def with_parent_death_signal(argv: list[str]) -> list[str]:
     """The instance gets SIGKILL if its supervisor dies, even by SIGKILL, so
     that no job outlives trainwarden or a node agent (util-linux setpriv).
     Linux sends it when the *thread* that forked the child ends: instances

@@ -68,6 +68,8 @@ class Standby:
     warm: bool = False
     failure: str = ""  # why its preload failed, as it said
     learned_sent: int = 0  # how many of its key's learned modules it was told to import
+    learn: str = ""  # where its instance appends the modules it loads under ``roots``
+    roots: tuple[str, ...] = ()
 
     def is_ready(self) -> Optional[bool]:
         """True once warm; False if it died or its preload failed; None while
@@ -96,13 +98,11 @@ class Standby:
                 pass  # it died: found out when it is next chosen
             self.learned_sent += len(names)
 
-    def hand_over(self, invocation: Invocation, env: dict, cwd: Optional[str], learn: str = "",
-                  roots: Sequence[str] = (), streams: Sequence[int] = ()) -> None:
-        """``learn``: where the instance appends the modules it loads under
-        ``roots``; ``streams``: its stdin, stdout and stderr (a pool in streams
-        mode), else it keeps the pipes it was started with."""
-        message = {"invocation": dataclasses.asdict(invocation), "env": env, "cwd": cwd or "", "learn": learn,
-                   "roots": list(roots)}
+    def hand_over(self, invocation: Invocation, env: dict, cwd: Optional[str], streams: Sequence[int] = ()) -> None:
+        """``streams``: the instance's stdin, stdout and stderr (a pool in
+        streams mode), else it keeps the pipes it was started with."""
+        message = {"invocation": dataclasses.asdict(invocation), "env": env, "cwd": cwd or "", "learn": self.learn,
+                   "roots": list(self.roots)}
         data = (json.dumps({"become": message}) + "\n").encode()
         try:
             if streams:
@@ -252,11 +252,9 @@ class StandbyPool:
                 self._broken[standby.key] = outcome
                 self._once(f"{outcome}; instances start as ordinary processes")
 
-    def learn_path(self, invocation: Invocation, env: dict, cwd: Optional[str], mark_variable: str) -> str:
-        """Where an instance of this key appends the modules it loads (given
-        with its description, ``Standby.hand_over``)."""
-        return os.path.join(self._learn_dir, env_key(invocation.interpreter, env, cwd, self.modules,
-                                                     mark_variable) + ".modules")
+    def learn_path(self, key: str) -> str:
+        """Where the instances of this key append the modules they load (``Standby.learn``)."""
+        return os.path.join(self._learn_dir, key + ".modules")
 
     # ------------------------------------------------------------ learning
 
@@ -272,7 +270,6 @@ class StandbyPool:
     def _refresh(self) -> None:
         """Tell the idle standbys of each key to import what was learned (the spawner's thread)."""
         with self._lock:
-            self._check_handed()
             for key, idle in self._idle.items():
                 learned = self._learned.get(key, [])
                 for standby in idle:
@@ -281,7 +278,7 @@ class StandbyPool:
 
     def _read_learned(self, key: str) -> int:
         """How many new modules this key's learn file names."""
-        path = os.path.join(self._learn_dir, key + ".modules")
+        path = self.learn_path(key)
         done = self._learn_read.get(key, 0)
         try:
             with open(path, "rb") as f:
@@ -408,7 +405,6 @@ class StandbyPool:
             future, interpreter, env, cwd, key, _ = job
             try:
                 standby = self._start(interpreter, env, cwd, key)
-                self._read_learned(key)
                 standby.send_imports(list(self._learned.get(key, ())))
                 future.set_result(standby)
             except OSError as exc:
@@ -442,7 +438,7 @@ class StandbyPool:
         os.close(ready_w)
         self._on_spawn(popen.pid)
         self.counters["spawned"] += 1
-        return Standby(popen, control_w, ready_r, key)
+        return Standby(popen, control_w, ready_r, key, learn=self.learn_path(key), roots=self.roots)
 
     # ------------------------------------------------------------ lifecycle
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from trainwarden.runtime.keeper import MARK_VARIABLE, KeeperLease
-from trainwarden.runtime.local import _with_parent_death_signal, kill_incarnation
+from trainwarden.runtime.local import with_parent_death_signal, kill_incarnation
 from trainwarden.runtime.slurm import handoff
 from trainwarden.runtime.slurm.task import write_json_atomic
 from trainwarden.runtime.standby import is_module_name, python_invocation
@@ -55,7 +55,7 @@ class Host:
         self.running: dict[int, str] = {}  # standby pid -> its incarnation's mark
         self.counters = {"connections": 0, "refused": 0, "handed_over": 0, "dropped": 0}
         self._keeper = KeeperLease(self.mark)
-        self.pool = StandbyPool(modules, spawn_argv=_with_parent_death_signal, on_spawn=self._keeper.watch,
+        self.pool = StandbyPool(modules, spawn_argv=with_parent_death_signal, on_spawn=self._keeper.watch,
                                 say=self._say, streams=True)
         try:
             self.path.unlink()  # a socket left by a host of this allocation run that was killed
@@ -123,9 +123,7 @@ class Host:
         mark = f"{self.mark}-{next(self._starts)}"
         pid = standby.popen.pid
         try:
-            standby.hand_over(invocation, {**env, MARK_VARIABLE: mark}, cwd,
-                              learn=self.pool.learn_path(invocation, shared, cwd, MARK_VARIABLE),
-                              roots=self.pool.roots, streams=reader.fds)
+            standby.hand_over(invocation, {**env, MARK_VARIABLE: mark}, cwd, streams=reader.fds)
         except OSError:
             _kill_group(pid)
             standby.popen.wait()
