@@ -18,6 +18,7 @@ from typing import Iterable, Optional, Sequence
 
 from trainwarden.classify import Verdict, classify, weigh_words
 from trainwarden.evidence.ranks import launcher_summary, split_by_rank, strip_prefix
+from trainwarden.evidence.signals import signal_death
 from trainwarden.rules.model import Retryability, RulePack
 
 # The launcher's SIGTERM and SIGKILL to the other ranks after a first failure.
@@ -110,6 +111,11 @@ def _judge_instance(pack: RulePack, failure: Failure, keywords: tuple[str, ...])
         if rank is None:
             continue
         code = codes.get(rank)
+        if code is None:
+            # The instance's exit code is the launcher's, one for every rank;
+            # a rank whose own lines say how it died ("Killed") died so.
+            death = signal_death(0, lines)
+            code = 128 + death.signal if death is not None else None
         verdict = classify(pack, failure.exit_code if code is None else code, lines, keywords)
         if verdict.kind in ("exit", "none") and code is None and summary is not None:
             continue  # a rank that printed nothing telling and that the launcher does not list did not fail

@@ -17,6 +17,7 @@ import dataclasses
 import re
 from typing import Iterable, Optional, Sequence
 
+from trainwarden.evidence.cxx import without_abort_echo
 from trainwarden.evidence.facts import FACTS
 from trainwarden.evidence.lexical import catalogue_context
 from trainwarden.evidence.ranks import strip_prefix
@@ -208,12 +209,15 @@ def classify(
 ) -> Verdict:
     tail = list(tail)[-pack.tail_lines:]
     facts = _facts(pack, exit_code, tail)
-    region = final_region(tail)
+    # Patterns read what the process said: the abort() echo after an
+    # uncaught C++ exception is how that exception ended it (evidence.cxx).
+    said = without_abort_echo(tail)
+    region = final_region(said)
     found = _candidates(pack, facts, region)
     if not any(_kind(c) in ("own", "aftermath") for c, _, _ in found):
         # Nothing said in the final region (a traceback cut short, a
         # launcher's summary): what the whole tail says.
-        found = _candidates(pack, facts, tail)
+        found = _candidates(pack, facts, said)
     found.sort(key=_rank, reverse=True)
     evidence = tuple(Candidate(c.name, c.category, c.verdict, c.priority, strip_prefix(line) if line else "",
                                c.aftermath, _kind(c)) for c, line, _ in found)

@@ -17,8 +17,10 @@ from typing import Optional, Sequence
 # "[rank3]:", "[default0]:", "[worker-1]" (our own echo), "[1,0]<stderr>:",
 # "(RayWorkerWrapper pid=4009)". Not "[E ProcessGroupNCCL.cpp:563]" (a space)
 # nor gloo's "[/path/pair.cc:561]" (a slash).
+# mpirun's and horovodrun's form comes first: "[1]" alone would match the
+# first alternative and leave "<stderr>:" on the line.
 _PREFIX = re.compile(
-    r"^(?:\s*(?:\[[\w.-]+\]:?|\[(?:\d+,)?\d+\]<std(?:out|err)>:|\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)))+\s*")
+    r"^(?:\s*(?:\[(?:\d+,)?\d+\]<std(?:out|err)>:|\[[\w.-]+\]:?|\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)))+\s*")
 # torchrun "[rank3]:", DeepSpeed "[default3]:", mpirun --tag-output
 # "[1,3]<stderr>:", horovodrun "[3]<stderr>:".
 _RANK = re.compile(
