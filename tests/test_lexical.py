@@ -172,3 +172,36 @@ def test_a_death_by_signal_is_not_outweighed_by_the_words_the_process_printed_be
     verdict = classify(pack, 137, tail)
     assert verdict.kind == "exit" and verdict.retryable
     assert weigh_words(pack, verdict, tail) == verdict
+
+
+TORCHRUN_SUMMARY_ONLY = [
+    '  File "/opt/conda/bin/torchrun", line 8, in <module>',
+    '  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/run.py", line 806, in main',
+    "    raise ChildFailedError(",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    "============================================================",
+    "train.py FAILED",
+    "------------------------------------------------------------",
+    "Failures:",
+    "  <NO_OTHER_FAILURES>",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2024-03-05_07:01:51",
+    "  rank      : 0 (local_rank: 0)",
+    "  exitcode  : 1 (pid: 69811)",
+    "  error_file: <N/A>",
+    "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+    "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 (pid: 69811) of binary: "
+    "/opt/conda/bin/python",
+]
+
+
+def test_a_launcher_s_summary_alone_says_a_rank_failed_not_why_and_stays_unknown():
+    assert tokens(TORCHRUN_SUMMARY_ONLY) == frozenset()
+    verdict = judge(PACK, [Failure("worker-0", 1, TORCHRUN_SUMMARY_ONLY)]).verdict
+    assert verdict.verdict is Retryability.UNKNOWN and verdict.rule == "fallback"
+
+
+def test_the_rank_s_own_error_next_to_the_launcher_s_summary_is_still_read():
+    tail = ["ValueError: unsupported layout option frobnicate", *TORCHRUN_SUMMARY_ONLY]
+    assert "frobnicate" in tokens(tail) and not any("childfailederror" in t for t in tokens(tail))

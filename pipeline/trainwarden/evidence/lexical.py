@@ -20,7 +20,7 @@ import random
 import re
 from typing import Iterable, Mapping, Sequence
 
-from trainwarden.evidence.ranks import strip_prefix
+from trainwarden.evidence.ranks import launcher_boilerplate, strip_prefix
 
 __all__ = ["LexicalModel", "LexicalScore", "Example", "WeightsError", "catalogue_context", "salient", "tokens", "train",
            "weights_to_text", "parse_weights"]
@@ -54,7 +54,9 @@ _SALIENT = re.compile(
 
 
 def salient(lines: Iterable[str]) -> list[str]:
-    return [line for line in lines if _SALIENT.search(line[:MAX_LINE])]
+    """The lines that tell of a failure, less a launcher's boilerplate (a
+    summary of which ranks failed says nothing of why)."""
+    return [line for line in lines if _SALIENT.search(line[:MAX_LINE]) and not launcher_boilerplate(line[:MAX_LINE])]
 
 
 def tokens(lines: Iterable[str]) -> frozenset[str]:

@@ -32,6 +32,30 @@ _FIELD = re.compile(r"^\s*(?P<key>rank|exitcode|traceback|host|error_file)\s*:\s
 _RANK_VALUE = re.compile(r"^(-?\d+)")
 
 
+# What a launcher prints about a failure whatever the failure was: the
+# summary's fields, its frames and its own exception ("ChildFailedError",
+# accelerate's "CalledProcessError ... returned non-zero exit status 1",
+# torchelastic's "failed (exitcode: 1) local_rank: 0"). They say that a rank
+# failed, never why.
+_BOILERPLATE = re.compile(
+    r"^(?:(?:time|host|rank|exitcode|error_file|traceback)\s*:|\[\d+\]:$|Failures:|Root Cause \(first observed"
+    r"|<NO_OTHER_FAILURES>|[=-]{10,}$|\S+ FAILED$"
+    r"|(?:torch\.distributed\.elastic\.multiprocessing\.errors\.)?ChildFailedError:?"
+    r"|raise ChildFailedError\(|raise subprocess\.CalledProcessError\(|raise CalledProcessError\("
+    r"|(?:subprocess\.)?CalledProcessError: Command .{0,2000} returned non-zero exit status"
+    r"|(?:ERROR|WARNING|E\d{4} [\d:.]+ \d+ \S+\]|W\d{4} [\d:.]+ \d+ \S+\])"
+    r"(?::torch\.distributed\.elastic\.multiprocessing\.api:|\s*)"
+    r"(?:failed \(exitcode: -?\d+\) local_rank|Sending process \d+ closing signal))")
+_LAUNCHER_FRAME = re.compile(
+    r"^File \".*/(?:torch/distributed/(?:run|launch|elastic/)|accelerate/commands/|deepspeed/launcher/)")
+
+
+def launcher_boilerplate(line: str) -> bool:
+    """A line a launcher prints about any failure (see _BOILERPLATE)."""
+    text = strip_prefix(line)
+    return _BOILERPLATE.match(text) is not None or _LAUNCHER_FRAME.match(text) is not None
+
+
 def strip_prefix(line: str) -> str:
     return _PREFIX.sub("", line).strip()
 
