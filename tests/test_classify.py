@@ -99,3 +99,17 @@ def test_an_object_store_that_refuses_the_request_is_a_configuration_error_and_a
 def test_a_driver_upgraded_under_the_node_is_a_retryable_node_fault():
     verdict = classify(PACK, 1, ["Failed to initialize NVML: Driver/library version mismatch"])
     assert verdict.rule == "gpu_not_ready" and verdict.retryable
+
+
+def test_a_classifier_that_counts_anywhere_is_read_before_the_final_region_and_others_are_not():
+    from trainwarden.rules.loader import load_rules as _load
+    pack = _load()
+    warning = ("[W ProcessGroupGloo.cpp:721] Warning: Unable to resolve hostname to a (local) address. "
+               "Using the loopback address as fallback.")
+    old_error = "ValueError: unsupported layout option frobnicate"
+    tail = [warning, old_error, "Traceback (most recent call last):", '  File "/app/train.py", line 3, in <module>',
+            "RuntimeError: Gloo connectFullMesh failed with [pair.cc:144] no error"]
+    verdict = classify(pack, 1, tail)
+    assert verdict.rule == "gloo_loopback_address" and verdict.matched_line == warning
+    # the old ValueError (before the final traceback) does not count: its classifier is not 'anywhere'
+    assert all(c.rule != "python_user_error" for c in verdict.evidence)

@@ -164,8 +164,15 @@ def _structure_holds(classifier: Classifier, facts: _Facts) -> bool:
     return True
 
 
-def _candidates(pack: RulePack, facts: _Facts, lines: Sequence[str]) -> list[tuple[Classifier, str, int]]:
+def _candidates(pack: RulePack, facts: _Facts, lines: Sequence[str],
+                whole: Sequence[str] = ()) -> list[tuple[Classifier, str, int]]:
+    """The classifiers whose conditions hold, their patterns read on
+    ``lines``; those that count ``anywhere`` also on ``whole``."""
     matched = pack.pattern_index.last_matches(lines) if pack.pattern_index is not None else {}
+    if whole and pack.pattern_index is not None and any(c.anywhere for c in pack.classifiers):
+        for order, line in pack.pattern_index.last_matches(whole).items():
+            if pack.classifiers[order].anywhere:
+                matched.setdefault(order, line)
     found = []
     for order, classifier in enumerate(pack.classifiers):
         if not classifier.matches_exit_code(facts.exit_code) or not _structure_holds(classifier, facts):
@@ -213,7 +220,7 @@ def classify(
     # uncaught C++ exception is how that exception ended it (evidence.cxx).
     said = without_abort_echo(tail)
     region = final_region(said)
-    found = _candidates(pack, facts, region)
+    found = _candidates(pack, facts, region, whole=said)
     if not any(_kind(c) in ("own", "aftermath") for c, _, _ in found):
         # Nothing said in the final region (a traceback cut short, a
         # launcher's summary): what the whole tail says.

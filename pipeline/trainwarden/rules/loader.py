@@ -347,6 +347,7 @@ def _classifier(fields: Fields, origin: Origin) -> Classifier:
         facts=facts,
         unless=_patterns(fields, "unless"),
         aftermath=fields.get("aftermath", bool, False),
+        anywhere=fields.get("anywhere", bool, False),
     )
 
 

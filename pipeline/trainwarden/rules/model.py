@@ -69,6 +69,11 @@ class Classifier:
     # connection, a collective aborted): never the root cause while another
     # instance has an error of its own.
     aftermath: bool = False
+    # A line that names a cause ahead of its effect (gloo's warning that it
+    # falls back to the loopback address, printed before the connect that
+    # fails): it counts wherever in the tail it is, not only where the
+    # failure itself is told.
+    anywhere: bool = False
 
     @property
     def retryable(self) -> bool:
