@@ -205,3 +205,11 @@ def test_a_launcher_s_summary_alone_says_a_rank_failed_not_why_and_stays_unknown
 def test_the_rank_s_own_error_next_to_the_launcher_s_summary_is_still_read():
     tail = ["ValueError: unsupported layout option frobnicate", *TORCHRUN_SUMMARY_ONLY]
     assert "frobnicate" in tokens(tail) and not any("childfailederror" in t for t in tokens(tail))
+
+
+def test_torchelastic_s_no_error_file_note_and_an_operator_s_pod_exit_are_boilerplate_too():
+    from trainwarden.evidence.ranks import launcher_boilerplate
+    assert launcher_boilerplate("I0215 08:29:11.027000 485 torch/distributed/elastic/multiprocessing/errors/__init__.py:368]"
+                                " ('local_rank %s FAILED with no error file. Decorate your entrypoint fn with @record', 0)")
+    assert launcher_boilerplate("INFO[0289] Pod: default.kfto-01-master-0 exited with code 1  job=default.kfto-01")
+    assert not launcher_boilerplate("RuntimeError: CUDA error: an illegal memory access was encountered")

@@ -45,7 +45,9 @@ _BOILERPLATE = re.compile(
     r"|(?:subprocess\.)?CalledProcessError: Command .{0,2000} returned non-zero exit status"
     r"|(?:ERROR|WARNING|E\d{4} [\d:.]+ \d+ \S+\]|W\d{4} [\d:.]+ \d+ \S+\])"
     r"(?::torch\.distributed\.elastic\.multiprocessing\.api:|\s*)"
-    r"(?:failed \(exitcode: -?\d+\) local_rank|Sending process \d+ closing signal))")
+    r"(?:failed \(exitcode: -?\d+\) local_rank|Sending process \d+ closing signal))"
+    r"|.{0,200}local_rank \S+ FAILED with no error file"
+    r"|.{0,200}Pod: \S+ exited with code -?\d+")
 _LAUNCHER_FRAME = re.compile(
     r"^File \".*/(?:torch/distributed/(?:run|launch|elastic/)|accelerate/commands/|deepspeed/launcher/)")
 
