@@ -164,15 +164,9 @@ def _structure_holds(classifier: Classifier, facts: _Facts) -> bool:
     return True
 
 
-def _candidates(pack: RulePack, facts: _Facts, lines: Sequence[str],
-                whole: Sequence[str] = ()) -> list[tuple[Classifier, str, int]]:
-    """The classifiers whose conditions hold, their patterns read on
-    ``lines``; those that count ``anywhere`` also on ``whole``."""
-    matched = pack.pattern_index.last_matches(lines) if pack.pattern_index is not None else {}
-    if whole and pack.pattern_index is not None and any(c.anywhere for c in pack.classifiers):
-        for order, line in pack.pattern_index.last_matches(whole).items():
-            if pack.classifiers[order].anywhere:
-                matched.setdefault(order, line)
+def _candidates(pack: RulePack, facts: _Facts, matched: dict[int, str]) -> list[tuple[Classifier, str, int]]:
+    """The classifiers whose conditions hold; ``matched``: classifier index ->
+    the line its patterns matched."""
     found = []
     for order, classifier in enumerate(pack.classifiers):
         if not classifier.matches_exit_code(facts.exit_code) or not _structure_holds(classifier, facts):
@@ -219,12 +213,16 @@ def classify(
     # Patterns read what the process said: the abort() echo after an
     # uncaught C++ exception is how that exception ended it (evidence.cxx).
     said = without_abort_echo(tail)
-    region = final_region(said)
-    found = _candidates(pack, facts, region, whole=said)
+    # One pass over the whole tail answers for the final region too (a suffix).
+    everywhere = pack.pattern_index.last_match_positions(said) if pack.pattern_index is not None else {}
+    region_start = len(said) - len(final_region(said))
+    in_region = {order: line for order, (index, line) in everywhere.items()
+                 if index >= region_start or pack.classifiers[order].anywhere}
+    found = _candidates(pack, facts, in_region)
     if not any(_kind(c) in ("own", "aftermath") for c, _, _ in found):
         # Nothing said in the final region (a traceback cut short, a
         # launcher's summary): what the whole tail says.
-        found = _candidates(pack, facts, said)
+        found = _candidates(pack, facts, {order: line for order, (_, line) in everywhere.items()})
     found.sort(key=_rank, reverse=True)
     evidence = tuple(Candidate(c.name, c.category, c.verdict, c.priority, strip_prefix(line) if line else "",
                                c.aftermath, _kind(c)) for c, line, _ in found)

@@ -64,11 +64,19 @@ class PatternIndex:
     def last_matches(self, lines: Sequence[str]) -> dict[int, str]:
         """Classifier index -> the line nearest the end that one of its
         patterns matches (and none of its ``unless`` patterns)."""
-        found: dict[int, str] = {}
+        return {owner: line for owner, (_, line) in self.last_match_positions(lines).items()}
+
+    def last_match_positions(self, lines: Sequence[str]) -> dict[int, tuple[int, str]]:
+        """Classifier index -> (index, line) of the line nearest the end that
+        one of its patterns matches. Read on a whole tail, it also answers for
+        any suffix of it: a classifier matches in the last K lines exactly
+        when its last match is among them."""
+        found: dict[int, tuple[int, str]] = {}
         if self._empty:
             return found
         owners = self._owners
-        for line in reversed(lines):
+        for index in range(len(lines) - 1, -1, -1):
+            line = lines[index]
             hits = self._set.Match(line)
             if not hits:
                 continue
@@ -76,5 +84,5 @@ class PatternIndex:
             for i in hits:
                 owner, unless = owners[i]
                 if not unless and owner not in excluded and owner not in found:
-                    found[owner] = line
+                    found[owner] = (index, line)
         return found
