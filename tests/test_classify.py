@@ -113,3 +113,18 @@ def test_a_classifier_that_counts_anywhere_is_read_before_the_final_region_and_o
     assert verdict.rule == "gloo_loopback_address" and verdict.matched_line == warning
     # the old ValueError (before the final traceback) does not count: its classifier is not 'anywhere'
     assert all(c.rule != "python_user_error" for c in verdict.evidence)
+
+
+def test_one_pass_over_the_whole_tail_answers_for_every_suffix_of_it():
+    import random
+    pack = load_rules()
+    index = pack.pattern_index
+    pool = ["Connection reset by peer", "ValueError: bad layout", "epoch 3 step 200 loss 1.23",
+            "NCCL WARN NET/IB : Got async event : port error", "No space left on device", "Killed", ""]
+    shuffle = random.Random(7)
+    for _ in range(200):
+        tail = [shuffle.choice(pool) for _ in range(shuffle.randint(0, 12))]
+        whole = index.last_match_positions(tail)
+        for start in range(len(tail) + 1):
+            suffix = {owner: line for owner, (i, line) in whole.items() if i >= start}
+            assert suffix == index.last_matches(tail[start:])
