@@ -312,9 +312,13 @@ def test_every_service_stops_within_5_s_of_sigterm_the_notifier_with_a_held_mess
             follower.kill()
             follower.wait(10)
 
-        # Nothing accepted is lost: the held message is still on disk, and the next notifier sends it.
-        assert [e["delivery_id"] for e in _held(queue)] == [e["delivery_id"] for e in held], (
-            held, _held(queue), services.logs())
+        # Nothing accepted is lost: the held message is still on disk, and the next notifier sends it; or a
+        # later job.restarted of the job took its place in the window and counts it among the suppressed (the
+        # processor's decision after an agent's SIGTERM stopped an instance, see _window_message_sent).
+        after = _held(queue)
+        assert len(after) == 1 and (after[0]["delivery_id"] == held[0]["delivery_id"] or (
+            after[0]["job_id"] == held[0]["job_id"] and after[0]["event_type"] == held[0]["event_type"]
+            and after[0].get("suppressed", 0) >= held[0].get("suppressed", 0) + 1)), (held, after, services.logs())
         _start_notifier(services, directory)
         try:
             wait_for(lambda: _window_message_sent(hook, held[0]), 120,
