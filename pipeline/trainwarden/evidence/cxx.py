@@ -21,7 +21,9 @@ from trainwarden.evidence.ranks import rank_of, strip_prefix
 
 __all__ = ["without_abort_echo"]
 
-_TERMINATE = re.compile(r"terminate called after throwing an instance of")
+_TERMINATE = "terminate called after throwing an instance of"
+# bash: "line 1: 4711 Aborted (core dumped) python train.py"
+_SHELL_ABORT = re.compile(r"(?:^|:\s+)\d+\s+Aborted\b")
 # What abort() prints or has printed for it, and nothing longer: a line that
 # says more than that is left to the catalogue.
 _SHELL_ECHO_CAP = 300
@@ -32,22 +34,21 @@ def _is_abort_echo(text: str) -> bool:
         return False
     if text.startswith(("Aborted", "Fatal Python error: Aborted", "*** SIGABRT", "*** Signal 6")):
         return True
-    # bash: "line 1: 4711 Aborted (core dumped) python train.py"
-    return re.search(r"(?:^|:\s+)\d+\s+Aborted\b", text) is not None
+    return _SHELL_ABORT.search(text) is not None
 
 
 def without_abort_echo(lines: Sequence[str]) -> list[str]:
     """``lines`` less the abort echoes that follow an uncaught C++ exception
     of the same rank (the ranks of a shared tail are apart: one rank's
     exception does not explain another's crash)."""
-    if not any("terminate called after throwing" in line for line in lines):
+    if not any(_TERMINATE in line for line in lines):
         return list(lines)  # the usual tail: no C++ exception, nothing to set apart
     thrown: set = set()
     kept = []
     for line in lines:
         text = strip_prefix(line)
         rank = rank_of(line)
-        if _TERMINATE.search(text):
+        if _TERMINATE in text:
             thrown.add(rank)
         elif rank in thrown and _is_abort_echo(text):
             continue
