@@ -70,6 +70,10 @@ class Standby:
     learned_sent: int = 0  # how many of its key's learned modules it was told to import
     learn: str = ""  # where its instance appends the modules it loads under ``roots``
     roots: tuple[str, ...] = ()
+    # The pool's spawner reads ``ready`` of a handed-over standby while its
+    # runtime may close it: one at a time, so a closed (or reused) fd number
+    # is never selected or read.
+    fds_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
 
     def is_ready(self) -> Optional[bool]:
         """True once warm; False if it died or its preload failed; None while
@@ -123,23 +127,25 @@ class Standby:
         """After hand-over, without touching the process (the runtime waits
         for it): "" once its preload went well or it said nothing before it
         ended, the failure it said, or None while it is still importing."""
-        if self.ready < 0:
-            return ""
-        readable, _, _ = select.select([self.ready], [], [], 0)
-        if not readable:
-            return None
-        try:
-            said = os.read(self.ready, 1024)
-        except OSError:
-            said = b""
-        _close(self.ready)
-        self.ready = -1
+        with self.fds_lock:
+            if self.ready < 0:
+                return ""
+            readable, _, _ = select.select([self.ready], [], [], 0)
+            if not readable:
+                return None
+            try:
+                said = os.read(self.ready, 1024)
+            except OSError:
+                said = b""
+            _close(self.ready)
+            self.ready = -1
         return said[2:].decode("utf-8", "replace") if said.startswith(b"F ") else ""
 
     def discard_fds(self) -> None:
-        for fd in (self.control, self.ready):
-            _close(fd)
-        self.control = self.ready = -1
+        with self.fds_lock:
+            for fd in (self.control, self.ready):
+                _close(fd)
+            self.control = self.ready = -1
 
     def close(self) -> None:
         """Its control pipe ends: a standby that is still waiting exits by itself."""
@@ -452,7 +458,9 @@ class StandbyPool:
                     self._once(f"{standby.failure}; instances start as ordinary processes")
             self._check_handed()
             for standby in self._handed:
-                _close(standby.ready)
+                with standby.fds_lock:
+                    _close(standby.ready)
+                    standby.ready = -1
             self._handed.clear()
         self._jobs.put(None)
         self._thread.join(10.0)
