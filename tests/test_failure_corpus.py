@@ -65,3 +65,16 @@ def test_the_verdict_on_the_test_set_stays_at_or_above_the_measured_figures():
     for category, (right, total) in scores.by_category().items():
         if total >= CATEGORY_SUPPORT:
             assert right / total >= MIN_CATEGORY_ACCURACY, f"{category}: {right}/{total} right on the test set"
+
+
+def test_every_excerpt_has_exactly_one_blind_reading_of_a_valid_verdict():
+    # bench/corpus_ceiling.py sets the labels beside what a reader of the
+    # lines alone concluded; a new excerpt needs its blind reading too.
+    readings = collections.Counter()
+    for number, line in enumerate((CORPUS / "blind_reader.tsv").read_text(encoding="utf-8").splitlines(), 1):
+        if line.startswith("#"):
+            continue
+        name, verdict, sure, why = line.split("\t")
+        assert verdict in LABELS and sure in ("sure", "unsure") and why, f"blind_reader.tsv line {number}: {line!r}"
+        readings[name] += 1
+    assert readings == collections.Counter(e.name for e in EXCERPTS)
