@@ -79,6 +79,11 @@ class Consumer(Protocol):
 
     def end_offset(self, topic: str, partition: int) -> int: ...
 
+    def lags(self) -> dict[tuple[str, int], int]:
+        """Messages behind the end, per assigned partition, from what the
+        client already knows (no request to the broker): cheap enough for
+        every scrape. A partition whose end is not known yet is left out."""
+
     def close(self) -> None: ...
 
 

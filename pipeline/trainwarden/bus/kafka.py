@@ -306,6 +306,19 @@ class KafkaConsumerAdapter:
         if tps:
             self._consumer.seek_to_beginning(*tps)
 
+    def lags(self) -> dict[tuple[str, int], int]:
+        lags = {}
+        for tp in list(self._consumer.assignment()):
+            try:
+                # The high watermark comes with every fetch response and the
+                # position is the client's own; timeout 0 keeps it off the network.
+                high, position = self._consumer.highwater(tp), self._consumer.position(tp, timeout_ms=0)
+            except Exception:  # noqa: BLE001 - revoked by a rebalance between the two calls
+                continue
+            if high is not None and position is not None:
+                lags[(tp.topic, tp.partition)] = max(0, high - position)
+        return lags
+
     def end_offset(self, topic: str, partition: int) -> int:
         tp = self._kafka.TopicPartition(topic, partition)
         try:

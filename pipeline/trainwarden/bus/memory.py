@@ -180,6 +180,11 @@ class MemoryConsumer:
         with self.bus._cond:
             return len(self.bus._topics[topic][partition])
 
+    def lags(self) -> dict[tuple[str, int], int]:
+        with self.bus._cond:
+            return {key: max(0, len(self.bus._topics[key[0]][key[1]]) - position)
+                    for key, position in self._positions.items()}
+
     def commit(self) -> None:
         if self.group is None:
             return

@@ -285,36 +285,14 @@ class _LagConsumer:
         self._inner = inner
         self._tracker = tracker
         self._clock = clock
-        self._seen: dict[tuple[str, int], int] = {}
         self._next = 0.0
 
     def poll(self, timeout_s: float, max_records: int = 500):
         records = self._inner.poll(timeout_s, max_records)
-        for record in records:
-            self._seen[(record.topic, record.partition)] = record.offset
         if self._clock() >= self._next:
             self._next = self._clock() + LAG_EVERY_S
-            self._tracker.lags = self._measure()
+            self._tracker.lags = self._inner.lags()
         return records
-
-    def _measure(self) -> dict[tuple[str, int], int]:
-        client = getattr(self._inner, "_consumer", None)
-        lags: dict[tuple[str, int], int] = {}
-        if client is not None and hasattr(client, "highwater"):
-            # Kafka: the high watermark comes with every fetch response and the
-            # position is the client's own; timeout 0 keeps it off the network.
-            for tp in list(client.assignment()):
-                try:
-                    high, position = client.highwater(tp), client.position(tp, timeout_ms=0)
-                except Exception:  # noqa: BLE001 - revoked by a rebalance between the two calls
-                    continue
-                if high is not None and position is not None:
-                    lags[(tp.topic, tp.partition)] = max(0, high - position)
-            return lags
-        for topic, partition in self._inner.assignment():
-            seen = self._seen.get((topic, partition), -1)
-            lags[(topic, partition)] = max(0, self._inner.end_offset(topic, partition) - seen - 1)
-        return lags
 
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
