@@ -14,11 +14,12 @@ from trainwarden.rules.loader import load_rules
 MIN_EXCERPTS = 400
 MIN_NOT_RETRYABLE = 0.35
 # What the shipped rule pack (catalogue and lexical model) measures on the
-# test set today (79.7% of 478 overall, the weakest large category
-# infra_transient at 67%), as a floor that a change must not push it under.
+# test set today (78.9% of 478 overall, after 19 labels were corrected
+# against their threads; the weakest large category infra_transient at
+# 63%), as a floor that a change must not push it under.
 # Issue 11's targets, 92% overall and 85% in every category with 10 or more
 # test excerpts, are not met yet: see the README.
-MIN_ACCURACY = 0.79
+MIN_ACCURACY = 0.78
 MIN_CATEGORY_ACCURACY = 0.60
 CATEGORY_SUPPORT = 10  # categories with this many test excerpts or more are held to MIN_CATEGORY_ACCURACY
 
