@@ -44,6 +44,10 @@ def _same_rows_everywhere(scenario: str, runtime: str, rows: list) -> None:
             assert row[3] == ("done" if Capability.ISOLATE_NODE in capabilities else "unsupported"), row
 
 
+def _field(text: str, name: str) -> str:
+    return next(word.split("=", 1)[1] for word in text.split() if word.startswith(name + "="))
+
+
 def _done(outcome, action=None):
     return [r for r in outcome.faults if r["result"] != "pending" and (action is None or r["action"] == action)]
 
@@ -64,6 +68,35 @@ def test_a_retryable_crash_restarts_the_job_and_every_instance_resumes_from_its_
     [record] = outcome.jobs
     assert record["status"] == "succeeded" and record["rounds"] == 1
     _same_rows_everywhere("retryable crash", runtime, outcome.rows())
+
+
+def test_in_an_async_job_a_retryable_crash_of_one_worker_restarts_that_worker_alone_while_the_others_keep_running(
+        runtime, tmp_path, job_id):
+    outcome = run(runtime, tmp_path, job(job_id, tmp_path, "--job-execution-mode=Async --enable-job-restart=True",
+                                         "--fail-rank", "1", "--fail-start", "0", "--fail-at-step", "2",
+                                         "--fail-message", NCCL, "--steps", "60", "--step-s", "0.25", nproc=3),
+                  timeout_s=120)
+    assert outcome.succeeded, outcome.texts()
+    [restart] = _done(outcome)
+    assert (restart["action"], restart["instance_name"], restart["error_source"], restart["round"]) == (
+        "restart_instance", "worker-1", "instance_exit", 0), restart
+    # The others ran their one incarnation from start to end, through worker-1's restart.
+    [resumed] = [line for line in outcome.lines if line.instance == "worker-1" and line.text.startswith("resuming")]
+    assert (resumed.round, resumed.start) == (0, 1) and resumed.text.startswith(
+        "resuming worker-1 round=0 at step 2 resume=1 rank=1 world=3 "), resumed
+    # Its rank, world and master are the round's, not those of a job of one.
+    [first] = [t for t in outcome.texts("worker-1") if t.startswith("starting")]
+    assert _field(resumed.text, "master") == _field(first, "master"), (first, resumed.text)
+    for name in ("worker-0", "worker-2"):
+        lines = [line for line in outcome.lines if line.instance == name]
+        assert {(line.round, line.start) for line in lines} == {(0, 0)}, name
+        assert [line.text for line in lines if line.text.startswith(("starting", "resuming"))] == [
+            line.text for line in lines[:1]] and lines[0].text.startswith(f"starting {name} round=0 at step 0")
+        assert lines[-1].text == f"done {name}" and lines[-1].time > resumed.time, (name, lines[-1])
+    assert outcome.texts("worker-1")[-1] == "done worker-1"
+    [record] = outcome.jobs
+    assert record["status"] == "succeeded" and record["rounds"] == 0, record
+    _same_rows_everywhere("async crash", runtime, outcome.rows())
 
 
 def test_a_hang_is_restarted_with_a_stack_report_and_the_lines_printed_while_stopping_are_kept(runtime, tmp_path,

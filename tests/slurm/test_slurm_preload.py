@@ -359,3 +359,50 @@ def test_a_requeued_allocation_gets_hosts_of_its_own_and_the_round_runs_in_their
     while _leftovers(tmp_path) and time.time() < deadline:
         time.sleep(0.2)
     assert _leftovers(tmp_path) == []
+
+
+ASYNC_JOB = textwrap.dedent("""\
+    import glob, os, sys, time
+    started = time.time()
+    probe = sys.modules.get("tw_slurm_probe")
+    rank, start = int(os.environ["RANK"]), int(os.environ["TRAINWARDEN_INSTANCE_RESTARTS"])
+    marks = os.environ["TW_MARKS"]
+    print(f"rank {rank} start {start} world {os.environ['WORLD_SIZE']} pid {os.getpid()}"
+          f" preloaded {probe is not None} before_start {probe is not None and probe.IMPORTED_AT < started}",
+          flush=True)
+    open(os.path.join(marks, f"rank{rank}-start{start}"), "w").close()
+    deadline = time.time() + 40
+    if rank == 1 and start == 0:
+        # Each node's host has a spare warm for the next incarnation (two imports per node) before the fault.
+        while time.time() < deadline and len(glob.glob(os.path.join(marks, "imported-*"))) < 4:
+            time.sleep(0.05)
+        print("socket.gaierror: [Errno -3] Temporary failure in name resolution", file=sys.stderr, flush=True)
+        sys.exit(1)
+    if rank == 0:
+        while time.time() < deadline and not os.path.exists(os.path.join(marks, "rank1-start1")):
+            time.sleep(0.05)
+    time.sleep(0.5)
+""")
+
+
+def test_an_instance_restarted_alone_in_a_preloading_async_job_runs_in_a_warm_standby(job_id, tmp_path):
+    from tests.scenarios.runtimes import run
+
+    definition = _job(job_id, tmp_path, args="--job-execution-mode=Async --enable-job-restart=True")
+    (tmp_path / "job.py").write_text(ASYNC_JOB)
+    outcome = run("slurm", tmp_path, definition, timeout_s=120)
+    assert outcome.succeeded, outcome.texts()
+    assert [(r[1], r[5]) for r in outcome.rows() if r[3] == "done"] == [("restart_instance", "worker-1")]
+    said = {}
+    for text in outcome.texts():
+        if text.startswith("rank "):
+            words = text.split()
+            said[(int(words[1]), int(words[3]))] = dict(zip(words[4::2], words[5::2]))
+    assert sorted(said) == [(0, 0), (1, 0), (1, 1)], outcome.texts()
+    for key, fields in said.items():
+        assert (fields["world"], fields["preloaded"], fields["before_start"]) == ("2", "True", "True"), key
+    assert "ordinary process" not in "\n".join(outcome.texts())
+    # The lone task is a step of its own, adopted through its wrapper like the round's.
+    starts = _manifests(tmp_path, "start")
+    assert sorted((m["instance"], m["task_id"]) for m in starts) == [("worker-0", 0), ("worker-1", 0), ("worker-1", 1)]
+    assert len({m["step_id"] for m in starts}) == 2 and all(m["task_pid"] != m["pid"] for m in starts)

@@ -15,6 +15,7 @@ from trainwarden.sdk import job_monitor as jm
 
 RANK = int(os.environ.get("RANK", "0"))
 ROUND = int(os.environ.get("TRAINWARDEN_RESTART_ROUND", "0"))
+START = int(os.environ.get("TRAINWARDEN_INSTANCE_RESTARTS", "0"))
 NAME = os.environ.get("TRAINWARDEN_INSTANCE", "?")
 
 
@@ -57,6 +58,8 @@ def main() -> None:
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-round", type=int, default=0)
     p.add_argument("--fail-at-step", type=int, default=2)
+    p.add_argument("--fail-start", type=int, default=None,
+                   help="fail only in this incarnation of the instance (a restart alone keeps the round)")
     p.add_argument("--fail-message", default="")
     p.add_argument("--hang-round", type=int, default=-1)
     p.add_argument("--hang-at-step", type=int, default=2)
@@ -74,7 +77,9 @@ def main() -> None:
     if resume and saved.exists():
         step = json.loads(saved.read_text())["step"] + 1
     print(f"{'resuming' if resume else 'starting'} {NAME} round={ROUND} at step {step} "
-          f"resume={os.environ.get('TRAINWARDEN_RESUME')} node={os.environ.get('TRAINWARDEN_NODE')}", flush=True)
+          f"resume={os.environ.get('TRAINWARDEN_RESUME')} rank={RANK} world={os.environ.get('WORLD_SIZE')} "
+          f"master={os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} "
+          f"node={os.environ.get('TRAINWARDEN_NODE')}", flush=True)
 
     last = [step - 1]
 
@@ -94,7 +99,8 @@ def main() -> None:
         print(f"keywords {monitor.set_retryable_errors([a.keyword]).to_string()}", flush=True)
     while step < a.steps:
         print(f"step {step}", flush=True)
-        if RANK == a.fail_rank and ROUND == a.fail_round and step == a.fail_at_step:
+        if (RANK == a.fail_rank and ROUND == a.fail_round and step == a.fail_at_step
+                and a.fail_start in (None, START)):
             print(a.fail_message, file=sys.stderr, flush=True)
             sys.exit(1)
         if ROUND == a.hang_round and step == a.hang_at_step:

@@ -206,6 +206,7 @@ class SlurmCli:
         signal_grace: Optional[str] = None,
         srun_log: Optional[Path] = None,
         overlap: bool = False,
+        nodelist: Sequence[str] = (),
     ) -> "subprocess.Popen[bytes]":
         """Starts ``command`` as a step of ``tasks`` tasks, one per node, in allocation ``job_id``.
 
@@ -215,7 +216,8 @@ class SlurmCli:
         srun_log (default ``output_dir/<job>-srun.log``, appended).
         signal_grace, e.g. ``"TERM@30"``: srun's ``--signal`` (sent that many
         seconds before the time limit). overlap: share the cores with the
-        other steps (``--overlap``) instead of waiting for them.
+        other steps (``--overlap``) instead of waiting for them. nodelist:
+        the nodes the step must run on (``--nodelist``).
         """
         output_dir = Path(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -234,6 +236,8 @@ class SlurmCli:
         ]
         if exclude:
             args.append(f"--exclude={compress_hostlist(list(exclude))}")
+        if nodelist:
+            args.append(f"--nodelist={compress_hostlist(list(nodelist))}")
         if name:
             args.append(f"--job-name={name}")
         if signal_grace:

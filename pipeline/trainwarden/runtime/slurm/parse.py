@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional, Sequence, Union
 
 _KEY = re.compile(r"(?:^|(?<= ))([A-Z][A-Za-z0-9_]*(?:[/:][A-Za-z0-9_]+)*)=")
 _REASON_STAMP = re.compile(r"\[[^\s\[\]@]+@[^\s\[\]]+\]")
@@ -466,3 +466,28 @@ def torch_env_from_slurm(
     if nnodes and nnodes.isdigit():
         env["GROUP_WORLD_SIZE"] = nnodes
     return env
+
+
+def round_task_env(index: int, nodes: Sequence[str]) -> dict[str, str]:
+    """The Slurm variables task ``index`` has in a round's step (one task per
+    node on ``nodes``, in node order): what an instance restarted alone, in a
+    step of its own, is given instead of that step's, so that its rank, world
+    and master (torch_env_from_slurm) are the ones it had in the round."""
+    if not nodes or not 0 <= index < len(nodes):
+        raise ValueError(f"task {index} is not one of a step on {len(nodes)} nodes")
+    count = str(len(nodes))
+    per_node = f"1(x{count})" if len(nodes) > 1 else "1"
+    hostlist = compress_hostlist(list(nodes))
+    return {
+        "SLURM_PROCID": str(index),
+        "SLURM_NODEID": str(index),
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": count,
+        "SLURM_STEP_NUM_TASKS": count,
+        "SLURM_NNODES": count,
+        "SLURM_STEP_NUM_NODES": count,
+        "SLURM_TASKS_PER_NODE": per_node,
+        "SLURM_STEP_TASKS_PER_NODE": per_node,
+        "SLURM_NODELIST": hostlist,
+        "SLURM_STEP_NODELIST": hostlist,
+    }

@@ -11,6 +11,14 @@ for their own instances.
 - Restarting the job is a new step in the same allocation while it still
   holds; when it holds a node Trainwarden isolated, the allocation is
   requeued with that node excluded and started at once.
+- Restarting one instance (Async jobs) stops only its task (through the
+  agent that adopted it) and starts it as the one task of a step of its
+  own in the same allocation, beside the round's step (``--overlap``: that
+  step keeps its cores until all its tasks end), on the node it ran on
+  unless that node is to be avoided. It is announced and adopted like any
+  task, and keeps the Slurm variables of its task in the round's step
+  (parse.round_task_env), so its rank, world size and master are the
+  round's.
 - Isolating a node drains it (``Reason`` says why, from Trainwarden); the
   next round excludes it. ``trainwarden nodes uncordon`` resumes it.
 - A node Slurm reports down while it holds the job's tasks is node loss.
@@ -23,6 +31,7 @@ for their own instances.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import subprocess
@@ -41,7 +50,7 @@ from trainwarden.runtime.nodes import master_port
 from trainwarden.runtime.slurm.adopt import token_digest
 from trainwarden.runtime.slurm.handoff import TASK_TOKENS, in_workdir, ready_name
 from trainwarden.runtime.slurm.cli import SlurmCli, SlurmError
-from trainwarden.runtime.slurm.parse import JobState, NodeState
+from trainwarden.runtime.slurm.parse import JobState, NodeState, round_task_env
 from trainwarden.settings import JobSettings
 
 NODES_EVERY_S = 2.0
@@ -49,6 +58,15 @@ REASON_PREFIX = "Trainwarden"
 # A host listens within a second; one that does not by then (a broken
 # interpreter, a node without kcmp) leaves its tasks to start fresh.
 HOST_READY_S = 15.0
+
+
+@dataclasses.dataclass
+class _Step:
+    """An srun client and the instances of its step not asked to stop yet."""
+
+    proc: subprocess.Popen
+    names: set[str]
+    asked: float = 0.0  # when the last of them was asked to stop
 
 
 class SlurmSite:
@@ -61,7 +79,8 @@ class SlurmSite:
 
 
 class SlurmRuntime(ClusterJob):
-    capabilities = frozenset({Capability.RESTART_JOB, Capability.ISOLATE_NODE, Capability.STACK_DUMP})
+    capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.ISOLATE_NODE,
+                              Capability.STACK_DUMP})
     places_itself = True
 
     def __init__(self, port: ClusterPort, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec],
@@ -72,7 +91,11 @@ class SlurmRuntime(ClusterJob):
         self.excluded: set[str] = set()  # isolated by Trainwarden: drained
         self.down: set[str] = set()  # Slurm says down or not responding: avoided while it lasts
         self.allocation: Optional[int] = None
-        self.steps: list[tuple[float, subprocess.Popen]] = []  # srun clients, with when they were asked to end
+        self.steps: list[_Step] = []
+        # Launched in a step and not asked to stop since (ended on their own included):
+        # while the others are, a start is a lone restart, not a round waiting for its instances.
+        self.launched: set[str] = set()
+        self.ran_on: dict[str, str] = {}  # where each instance last ran: a lone restart goes back there
         self.reported_down: set[str] = set()
         self.errors = 0
         self.last_error = ""
@@ -98,13 +121,21 @@ class SlurmRuntime(ClusterJob):
         self._try_launch()
 
     def stop(self, names: Sequence[str], snapshot: str = "") -> None:
+        placed = self.port.cluster.placement.get(self.job_id, {})
         for name in names:
             self.pending.pop(name, None)
+            self.launched.discard(name)
+            if name in placed:
+                self.ran_on[name] = placed[name]
         self.stop_on_agents(names, snapshot)
         # The agents stop what they adopted; a step that outlives that (a task
-        # never adopted, an agent gone) is ended through Slurm.
+        # never adopted, an agent gone) is ended through Slurm, once none of
+        # its instances is to go on: a lone restart leaves the round's step running.
         now = self.port.clock()
-        self.steps = [(asked or now, proc) for asked, proc in self.steps]
+        for step in self.steps:
+            step.names.difference_update(names)
+            if not step.names and not step.asked:
+                step.asked = now
 
     def isolate_node(self, node: str, reason: str) -> None:
         self.slurm.drain(node, f"{REASON_PREFIX}: {reason}")
@@ -123,9 +154,10 @@ class SlurmRuntime(ClusterJob):
 
     def finish(self) -> None:
         self.pending.clear()
-        for _, proc in self.steps:
-            if proc.poll() is None:
-                proc.kill()
+        self.launched.clear()
+        for step in self.steps:
+            if step.proc.poll() is None:
+                step.proc.kill()
         self.steps = []
         if self.host_step is not None and self.host_step.poll() is None:
             self.host_step.kill()  # the allocation's end ends the hosts' step
@@ -137,15 +169,24 @@ class SlurmRuntime(ClusterJob):
     # ------------------------------------------------------------ launching
 
     def _try_launch(self) -> None:
-        # One step runs every instance: wait until each has been asked for.
-        if not self.pending or set(self.pending) != set(self.instance_names):
+        if not self.pending:
             return
-        job = self._allocation_ready()
+        alone = set(self.pending) != set(self.instance_names)
+        # One step runs a round's instances: wait until each has been asked
+        # for, unless the others still run (a lone restart).
+        if alone and not all(name in self.pending or name in self.launched for name in self.instance_names):
+            return
+        # A lone restart must not requeue the allocation under the instances that go on.
+        job = self._allocation_ready(requeue=not alone)
         if job is None:
             return
         if self.spec.preload and not self._hosts_ready(job):
             return
-        self._launch(job)
+        if not alone:
+            self._launch(job)
+            return
+        for name in list(self.pending):
+            self._launch_alone(job, name)
 
     def _hosts_ready(self, job) -> bool:
         """The standby hosts of this allocation run listen (or will not):
@@ -167,8 +208,9 @@ class SlurmRuntime(ClusterJob):
             return True
         return all((self.standby_dir / ready_name(job.job_id, job.restarts, node)).exists() for node in job.nodes)
 
-    def _allocation_ready(self):
-        """The allocation, when it runs on nodes none of which is excluded; else None (and the step towards it)."""
+    def _allocation_ready(self, requeue: bool = True):
+        """The allocation, when it runs on nodes none of which is excluded
+        (any, without ``requeue``); else None (and the step towards it)."""
         avoid = sorted(self.excluded | self.down)
         if self.allocation is None:
             self.allocation = self._call(self.slurm.allocate, f"tw-{self.job_id}", len(self.instance_names),
@@ -179,7 +221,7 @@ class SlurmRuntime(ClusterJob):
             self.allocation = None  # gone (cancelled, failed): a new one next turn
             return None
         if job.state is JobState.RUNNING:
-            if set(job.nodes) & set(avoid):
+            if requeue and set(job.nodes) & set(avoid):
                 # A new step would land on a node to avoid: a new allocation, at once.
                 self._call(self.slurm.requeue_now, self.allocation, exclude=avoid)
                 return None
@@ -189,35 +231,43 @@ class SlurmRuntime(ClusterJob):
             self._call(self.slurm.run, ["scontrol", "update", f"jobid={self.allocation}", "StartTime=now"])
         return None
 
+    def _plan_entry(self, name: str, round_: int, start: int, token: str) -> dict:
+        """One instance of a plan: its command and the environment every runtime builds."""
+        spec = self.specs[name]
+        role = self.spec.role(spec.role)
+        env = instance_env(
+            base={}, job_id=self.job_id, spec=spec, world_size=len(self.specs), round_=round_, start=start,
+            max_restarts=self.settings.max_num_of_job_restart, master_addr="", master_port=0,
+            control_address="", token=token, sdk_path=self.sdk_path,
+            extra=job_env(self.spec, role, self.settings), node="")
+        # Slurm's and the node's: task.py sets them (torchrun's from Slurm's, the agent's SDK address).
+        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                    "MASTER_PORT", "TRAINWARDEN_NODE", "TRAINWARDEN_CONTROL", "TRAINWARDEN_SDK_SOCKET"):
+            env.pop(key, None)
+        command = list(role.command)
+        if self.spec.workdir:
+            command = in_workdir(self.spec.workdir, command)
+        return {"name": name, "command": command, "env": env}
+
+    def _write_plan(self, entries: list, round_: int, job, label: str) -> Path:
+        plan = {"instances": entries, "master_addr": None, "master_port": master_port(self.job_id, round_),
+                "manifest_dir": str(self.manifests), "output_dir": str(self.outputs),
+                "control_dir": str(self.control_dir), "restart": job.restarts, "standby": bool(self.spec.preload)}
+        path = self.directory / f"plan-r{round_}{label}-{int(time.time() * 1000)}.json"
+        path.write_text(json.dumps(plan))
+        return path
+
     def _launch(self, job) -> None:
         launch, self.pending = dict(self.pending), {}
         round_ = max(r for r, _ in launch.values())
         plan_instances, announced, tokens = [], [], []
         for name in self.instance_names:
-            spec = self.specs[name]
             inc_round, start = launch[name]
             token = secrets.token_urlsafe(24)
-            role = self.spec.role(spec.role)
-            env = instance_env(
-                base={}, job_id=self.job_id, spec=spec, world_size=len(self.specs), round_=inc_round, start=start,
-                max_restarts=self.settings.max_num_of_job_restart, master_addr="", master_port=0,
-                control_address="", token=token, sdk_path=self.sdk_path,
-                extra=job_env(self.spec, role, self.settings), node="")
-            # Slurm's and the node's: task.py sets them (torchrun's from Slurm's, the agent's SDK address).
-            for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                        "MASTER_PORT", "TRAINWARDEN_NODE", "TRAINWARDEN_CONTROL", "TRAINWARDEN_SDK_SOCKET"):
-                env.pop(key, None)
-            command = list(role.command)
-            if self.spec.workdir:
-                command = in_workdir(self.spec.workdir, command)
-            plan_instances.append({"name": name, "command": command, "env": env})
+            plan_instances.append(self._plan_entry(name, inc_round, start, token))
             announced.append((name, inc_round, start, token_digest(token)))
             tokens.append(token)
-        plan = {"instances": plan_instances, "master_addr": None, "master_port": master_port(self.job_id, round_),
-                "manifest_dir": str(self.manifests), "output_dir": str(self.outputs),
-                "control_dir": str(self.control_dir), "restart": job.restarts, "standby": bool(self.spec.preload)}
-        path = self.directory / f"plan-r{round_}-{int(time.time() * 1000)}.json"
-        path.write_text(json.dumps(plan))
+        path = self._write_plan(plan_instances, round_, job, "")
         # Announced first: an agent adopts a task only for a token it was told of.
         self.port.send_command(ExpectTasks(node="*", job_id=self.job_id, slurm_job=job.job_id,
                                            incarnations=tuple(announced)))
@@ -229,19 +279,54 @@ class SlurmRuntime(ClusterJob):
         if proc is None:
             self.pending = launch  # tried again next turn
         else:
-            self.steps.append((0.0, proc))
+            self.steps.append(_Step(proc, set(launch)))
+            self.launched.update(launch)
+
+    def _launch_alone(self, job, name: str) -> None:
+        """One instance restarted while the others run: the one task of a step of its own."""
+        node = self._node_for(job, name)
+        if node is None:
+            return  # every node of the allocation is to be avoided: it waits for the next round
+        round_, start = self.pending.pop(name)
+        token = secrets.token_urlsafe(24)
+        entry = self._plan_entry(name, round_, start, token)
+        entry["as_task"] = round_task_env(self.instance_names.index(name), job.nodes)
+        path = self._write_plan([entry], round_, job, f"-{name}-s{start}")
+        self.port.send_command(ExpectTasks(node="*", job_id=self.job_id, slurm_job=job.job_id,
+                                           incarnations=((name, round_, start, token_digest(token)),)))
+        # --overlap: the round's step holds its cores until every one of its tasks has ended.
+        proc = self._call(self.slurm.launch_step, job.job_id, 1,
+                          [sys.executable, "-m", "trainwarden.runtime.slurm.task", str(path)],
+                          output_dir=self.outputs, name=f"tw-{self.job_id}-r{round_}-{name}-s{start}",
+                          nodelist=[node], overlap=True, env={TASK_TOKENS: token} if self.spec.preload else None)
+        if proc is None:
+            self.pending[name] = (round_, start)
+        else:
+            self.steps.append(_Step(proc, {name}))
+            self.launched.add(name)
+
+    def _node_for(self, job, name: str) -> Optional[str]:
+        """Where a lone restart runs: where the instance ran (its task's node
+        in the round's step, if no agent said), else any node of the
+        allocation not to be avoided."""
+        usable = [node for node in job.nodes if node not in self.excluded | self.down]
+        index = self.instance_names.index(name)
+        for node in (self.ran_on.get(name), job.nodes[index] if index < len(job.nodes) else None):
+            if node in usable:
+                return node
+        return usable[0] if usable else None
 
     def _end_late_steps(self) -> None:
         late_after = self.spec.stop_grace_s + DEFAULT_TIMEOUT_S + 10.0
         now = self.port.clock()
         kept = []
-        for asked, proc in self.steps:
-            if proc.poll() is not None:
+        for step in self.steps:
+            if step.proc.poll() is not None:
                 continue
-            if asked and now - asked > late_after:
-                proc.kill()  # srun gone: Slurm ends the step
+            if step.asked and now - step.asked > late_after:
+                step.proc.kill()  # srun gone: Slurm ends the step
                 continue
-            kept.append((asked, proc))
+            kept.append(step)
         self.steps = kept
 
     # ------------------------------------------------------------ nodes

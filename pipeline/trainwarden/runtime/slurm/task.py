@@ -9,7 +9,11 @@ The plan (JSON, written by the caller)::
 Task ``SLURM_PROCID == i`` runs instance i with os.environ + the instance's
 env + torchrun's variables (parse.torch_env_from_slurm; master_addr null:
 the NodeAddr of the step's first node, from ``scontrol show node``, else its
-name). Before the command starts it writes the start manifest
+name). An instance restarted alone is the one task of a step of its own;
+its ``as_task`` (parse.round_task_env) holds the Slurm variables it had in
+the round's step, which replace the step's own in its environment and in
+what torchrun's variables are derived from (manifests and output keep the
+real step's ids). Before the command starts it writes the start manifest
 ``<job>.<step>.<task>.start.json`` (``...<task>.r<N>.start.json`` after the
 job's Nth requeue, since step ids start at 0 again), and when the command has
 ended the exit manifest ``....exit.json``; both atomically. The command runs
@@ -128,6 +132,10 @@ def load_plan(path: str, environ: Mapping[str, str]) -> tuple[dict[str, Any], di
     env = inst.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise PlanError(f"{path}: instance {procid} env is not an object of strings")
+    as_task = inst.get("as_task", {})
+    if not isinstance(as_task, dict) or not all(isinstance(k, str) and k.startswith("SLURM_") and isinstance(v, str)
+                                                for k, v in as_task.items()):
+        raise PlanError(f"{path}: instance {procid} as_task is not an object of SLURM_* strings")
     return plan, inst
 
 
@@ -251,8 +259,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         # SLURM_RESTART_COUNT: the plan says how often the job was requeued,
         # or a requeued job's step 0 would overwrite the first run's manifests.
         restart = _int_var(environ, "SLURM_RESTART_COUNT", int(plan.get("restart", 0)))
-        master_addr = plan.get("master_addr") or first_node_addr(environ)
-        torch_env = torch_env_from_slurm(environ, master_addr, int(plan.get("master_port", 29500)))
+        # An instance restarted alone runs as task 0 of a step of its own; it
+        # keeps the Slurm variables (hence rank, world, master) it had in the round's step.
+        as_task = inst.get("as_task", {})
+        task_environ = {**environ, **as_task}
+        master_addr = plan.get("master_addr") or first_node_addr(task_environ)
+        torch_env = torch_env_from_slurm(task_environ, master_addr, int(plan.get("master_port", 29500)))
     except (PlanError, ValueError) as e:
         print(f"{PROG}: bad plan or environment: {e}", file=sys.stderr)
         return BAD_PLAN
@@ -260,7 +272,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     manifest_dir = Path(plan["manifest_dir"])
     output = Path(plan["output_dir"]) / output_name(job_id, step_id, task_id)
     stem = manifest_stem(job_id, step_id, task_id, restart)
-    child_env = {**environ, **inst.get("env", {}), **torch_env}
+    child_env = {**task_environ, **inst.get("env", {}), **torch_env}
     child_env.pop(handoff.TASK_TOKENS, None)  # the agent's, to know this task (proof.py): no instance's business
     node = environ.get("SLURMD_NODENAME", "")
     child_env["TRAINWARDEN_NODE"] = node
