@@ -458,9 +458,7 @@ class StandbyPool:
                     self._once(f"{standby.failure}; instances start as ordinary processes")
             self._check_handed()
             for standby in self._handed:
-                with standby.fds_lock:
-                    _close(standby.ready)
-                    standby.ready = -1
+                standby.discard_fds()
             self._handed.clear()
         self._jobs.put(None)
         self._thread.join(10.0)

@@ -309,7 +309,8 @@ class SlurmRuntime(ClusterJob):
         """Where a lone restart runs: where the instance ran (its task's node
         in the round's step, if no agent said), else any node of the
         allocation not to be avoided."""
-        usable = [node for node in job.nodes if node not in self.excluded | self.down]
+        avoid = self.excluded | self.down
+        usable = [node for node in job.nodes if node not in avoid]
         index = self.instance_names.index(name)
         for node in (self.ran_on.get(name), job.nodes[index] if index < len(job.nodes) else None):
             if node in usable:
