@@ -97,7 +97,8 @@ class Reason(str, enum.Enum):
     SPOT_QUEUED = "spot_queued"
     # Spot: bid at or above the price and stock sufficient: instances granted.
     BID_ACCEPTED = "bid_accepted"
-    # Spot: price above the bid or stock short: instances released.
+    # Spot: price above the bid or stock short: instances released. Any job:
+    # the scheduler that runs it took its capacity back (Preempted).
     PREEMPTED = "preempted"
 
 
@@ -227,6 +228,18 @@ class NodeLost(msgspec.Struct, frozen=True, tag="node_lost"):
     instances: tuple[str, ...]
 
 
+class Preempted(msgspec.Struct, frozen=True, tag="preempted"):
+    """The scheduler that runs the job took its capacity back (Slurm requeued
+    or preempted its allocation while the nodes were up): not a fault of the
+    job. Said by the runtime that holds the allocation, from the scheduler's
+    own state, never from the job's output."""
+
+    job_id: str
+    time: float
+    round: int  # the round whose instances lost their capacity
+    reason: str
+
+
 class Diagnosis(msgspec.Struct, frozen=True, tag="diagnosis"):
     """A finding of a diagnostic agent (C4D) from its own trusted channel."""
 
@@ -284,7 +297,7 @@ class Tick(msgspec.Struct, frozen=True, tag="tick"):
 
 
 Event = Union[JobSubmitted, InstanceStarted, LogLine, InstanceExited, SdkMessage, Tick, InstanceActivity, NodeLost,
-              Diagnosis, MarketUpdate]
+              Diagnosis, MarketUpdate, Preempted]
 
 
 # ------------------------------------------------------------- decisions

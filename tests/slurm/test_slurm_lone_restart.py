@@ -163,6 +163,9 @@ class _Port:
     def node_lost(self, *args):
         pass
 
+    def preempted(self, *args):
+        pass
+
     def slurm_error(self, job_id, text):
         raise AssertionError(text)
 

@@ -129,3 +129,27 @@ def test_a_node_whose_slurmd_is_killed_is_lost_and_the_job_goes_on_on_the_others
     assert len(round1) == 2 and victim not in round1.values(), (victim, round1)
     done = _done(services, job_id)
     assert done and done[0]["action"] == "restart_job", done
+
+
+def test_a_job_preempted_by_a_higher_priority_partition_runs_again_and_no_limit_counts_it(services, job_id, tmp_path,
+                                                                                         slurm):
+    # Job restarts are off: a preemption judged as a failure would fail the job.
+    proc = _submit(services, job_id, tmp_path, "--enable-job-restart=False", "--steps", "40", "--step-s", "0.25")
+    wait_for(lambda: _node_of(services, job_id, "worker-0", 0) and _node_of(services, job_id, "worker-1", 0), 60,
+             "round 0 running")
+    time.sleep(2)  # a few steps saved
+    # A job of the higher-priority partition needs every node: Slurm requeues ours (SIGTERM to its tasks).
+    urgent = f"tw-{job_id}-urgent"
+    slurm.run(["sbatch", "--parsable", "-p", "urgent", "-N3", "--exclusive", f"--job-name={urgent}",
+               "--output=/dev/null", "--wrap", "sleep 4"])
+    try:
+        out = _finish(services, proc, timeout=300)
+    finally:
+        slurm.run(["scancel", "--quiet", f"--name={urgent}"])
+    assert [(r["action"], r["reason"], r["error_source"]) for r in _done(services, job_id)] == [
+        ("restart_job", "preempted", "preemption")], services.history(job_id)
+    record = _done(services, job_id)[0]
+    assert "while its nodes were up" in record["error_message"], record
+    resumed = _resumed_on(out, 1)
+    assert len(resumed) == 2, out
+    assert "resuming worker-0 round=1 at step" in out, out

@@ -33,6 +33,7 @@ from trainwarden.events import (
     InstanceStarted,
     JobSubmitted,
     NodeLost,
+    Preempted,
     SdkMessage,
 )
 
@@ -45,7 +46,7 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 SIGNED_PREFIX = b'{"tw_signed":1,'
 
 EventMessage = Union[JobSubmitted, InstanceStarted, InstanceExited, SdkMessage, InstanceActivity, NodeLost, Diagnosis,
-                     DecisionRecord]
+                     Preempted, DecisionRecord]
 LogMessage = Union[LogBatch, WireLogLine]
 CommandMessage = Union[StartInstance, StopInstances, ExpectTasks]
 ActuatorStateMessage = Union[ActionDone, NodeState, StackReportReady]

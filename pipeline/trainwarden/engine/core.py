@@ -11,7 +11,7 @@ from typing import Optional
 import msgspec
 
 from trainwarden.diagnose.advice import WATCHDOG_MARK, advised_interval, watchdog_timeout
-from trainwarden.engine import failures, spot, timers
+from trainwarden.engine import failures, preemption, spot, timers
 from trainwarden.engine.decide import apply, guarded, make_decision
 from trainwarden.engine.state import InstanceStatus, JobState, JobStatus, new_job_state
 from trainwarden.events import (
@@ -27,6 +27,7 @@ from trainwarden.events import (
     LogLine,
     MarketUpdate,
     NodeLost,
+    Preempted,
     Reason,
     SdkMessage,
     SdkOp,
@@ -239,6 +240,7 @@ _HANDLERS = {
     NodeLost: _on_node_lost,
     Diagnosis: _on_diagnosis,
     MarketUpdate: spot.on_market,
+    Preempted: preemption.on_preempted,
 }
 
 

@@ -65,7 +65,8 @@ def apply(state: JobState, decision: Decision) -> None:
         state.pending_failures = None
     if kind is DecisionKind.RESTART_JOB:
         state.round += 1
-        state.job_restarts += 1
+        if decision.reason is not Reason.PREEMPTED:  # the scheduler's doing, not the job's: no limit counts it
+            state.job_restarts += 1
         state.first_success_exit = None
         for inst in state.instances.values():
             _reset_incarnation(inst)

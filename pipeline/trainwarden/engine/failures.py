@@ -14,11 +14,14 @@ from trainwarden.classify import Verdict
 from trainwarden.engine.decide import guarded, make_decision
 from trainwarden.engine.state import NON_FINISHING_ROLES, InstanceState, InstanceStatus, JobState, PendingFailures
 from trainwarden.events import Decision, DecisionKind, ErrorSource, InstanceExited, Reason
-from trainwarden.evidence.signals import canonical_exit_code
+from trainwarden.evidence.signals import canonical_exit_code, signal_of_exit
 from trainwarden.rules.model import Response, Retryability
 from trainwarden.settings import ExecutionMode, FaultTolerantPolicy
 
 MAX_CONSEQUENCES = 64
+SIGTERM = 15
+# The category of deaths by a signal from outside the job (catalogue: killed_by_platform and kin).
+PLATFORM_SIGNAL = "platform_signal"
 
 
 def on_success(state: JobState, inst: InstanceState, event: InstanceExited, now: float) -> list[Decision]:
@@ -66,17 +69,28 @@ def _attributes(state: JobState) -> bool:
             and state.pack.attribution_window_s > 0 and len(state.instances) > 1)
 
 
+def _awaits_notice(state: JobState, judgement: Judgement) -> bool:
+    """Whether this failure may be a scheduler preempting the job, whose
+    notice (a Preempted event) may still come: a Sync job's death by an
+    outside SIGTERM, with nothing of its own to say."""
+    root = judgement.root
+    return (state.settings.job_execution_mode is ExecutionMode.SYNC and state.pack.platform_notice_window_s > 0
+            and signal_of_exit(root.exit_code) == SIGTERM and root.verdict.category == PLATFORM_SIGNAL)
+
+
 def on_failure(state: JobState, inst: InstanceState, event: InstanceExited, now: float) -> list[Decision]:
     # An exit that brings its own tail (from a node agent) is judged on it
     # alone: log lines travel separately and may not all have arrived.
     tail = tuple(event.tail) if event.tail is not None else tuple(inst.tail)
     failure = Failure(inst.name, event.exit_code, tail, event.time)
-    if not _attributes(state):
-        return [respond_judgement(state, judge(state.pack, [failure], _keywords(state)), now)]
+    if not _attributes(state) and state.pending_failures is None:
+        judgement = judge(state.pack, [failure], _keywords(state))
+        if not _awaits_notice(state, judgement):
+            return [respond_judgement(state, judgement, now)]
     inst.status = InstanceStatus.FAILED
     if state.pending_failures is None:
-        state.pending_failures = PendingFailures(opened_at=now, deadline=now + state.pack.attribution_window_s,
-                                                 failures=[])
+        window = state.pack.attribution_window_s if _attributes(state) else 0.0
+        state.pending_failures = PendingFailures(opened_at=now, deadline=now + window, failures=[])
     state.pending_failures.failures.append(failure)
     return settle_pending(state, now)
 
@@ -85,11 +99,15 @@ def settle_pending(state: JobState, now: float) -> list[Decision]:
     """Judge the failures waiting for attribution once a root cause is
     evident (a failure that is not aftermath and whose verdict is known),
     every instance has exited, or the window is over. Only aftermath and
-    unknown failures wait: an own error, or a bare SIGKILL, decides at once."""
+    unknown failures wait: an own error, or a bare SIGKILL, decides at once.
+    A death by an outside SIGTERM waits out the platform notice window,
+    even when every instance is in: the scheduler's Preempted may follow."""
     pending = state.pending_failures
     if pending is None:
         return []
     judgement = judge(state.pack, pending.failures, _keywords(state))
+    if _awaits_notice(state, judgement) and now < pending.opened_at + state.pack.platform_notice_window_s:
+        return []
     running = any(i.status in (InstanceStatus.RUNNING, InstanceStatus.PENDING) for i in state.instances.values())
     decided = not judgement.root.consequence and judgement.verdict.verdict is not Retryability.UNKNOWN
     if not (decided or not running or now >= pending.deadline):

@@ -140,11 +140,11 @@ def on_market(state: JobState, event: MarketUpdate, now: float) -> list[Decision
                               fault_key=("resume", state.round), detected_at=event.time,
                               message=_granted(spot))]
     if spot.phase is SpotPhase.RUNNING and why:
-        return [_preempted(state, why, notice, now, event.time)]
+        return [preempted(state, why, notice, now, event.time)]
     return []
 
 
-def _preempted(state: JobState, why: str, notice: float, now: float, detected_at: float) -> Decision:
+def preempted(state: JobState, why: str, notice: float, now: float, detected_at: float) -> Decision:
     spot = state.spot
     how = f"with {notice:g} s notice" if notice > 0 else "without notice"
     if spot.fault_tolerant:

@@ -25,6 +25,7 @@ from trainwarden.events import (
     LogLine,
     MarketUpdate,
     Offer,
+    Preempted,
     SdkMessage,
     SdkOp,
     SpotBid,
@@ -117,6 +118,10 @@ class VirtualCluster:
 
     def market(self, offers: tuple[Offer, ...]) -> list[Decision]:
         return self.feed(MarketUpdate(job_id=self.job_id, time=self.now, offers=offers))
+
+    def preempted(self, reason: str) -> list[Decision]:
+        """The scheduler took the current round's capacity back."""
+        return self.feed(Preempted(job_id=self.job_id, time=self.now, round=self.state.round, reason=reason))
 
     def _node_of(self, name: str) -> str:
         return f"{self.node}-{name}"

@@ -174,11 +174,12 @@ class _PackBuilder:
                                hint="how often the same unknown error is restarted before it fails the job")
             self.settings["unknown_restarts"] = restarts
             un.done()
-        window = fields.get("attribution_window_s", (int, float), None)
-        if window is not None:
-            if isinstance(window, bool) or not 0 <= window <= 600:
-                raise fields.error("attribution_window_s", "attribution_window_s must be from 0 to 600 seconds")
-            self.settings["attribution_window_s"] = float(window)
+        for name in ("attribution_window_s", "platform_notice_window_s"):
+            window = fields.get(name, (int, float), None)
+            if window is not None:
+                if isinstance(window, bool) or not 0 <= window <= 600:
+                    raise fields.error(name, f"{name} must be from 0 to 600 seconds")
+                self.settings[name] = float(window)
         lexical = fields.get("lexical", dict, None)
         if lexical is not None:
             self.settings["lexical"] = lexical_setting(Fields(lexical, fields.path, "settings.lexical",
@@ -207,6 +208,7 @@ class _PackBuilder:
             files=tuple(self.files),
             unknown_restarts=self.settings.get("unknown_restarts", 1),
             attribution_window_s=self.settings.get("attribution_window_s", 5.0),
+            platform_notice_window_s=self.settings.get("platform_notice_window_s", 5.0),
             lexical=self.settings.get("lexical"),
         )
 

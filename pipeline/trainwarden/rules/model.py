@@ -183,6 +183,10 @@ class RulePack:
     # Sync jobs: after the first failure, how long to wait for the other
     # instances' exits and tails before judging the job's root cause.
     attribution_window_s: float = 5.0
+    # Sync jobs: how long a death by an outside SIGTERM waits for the
+    # scheduler's word that it preempted the job (engine/preemption.py)
+    # before it is judged as a failure.
+    platform_notice_window_s: float = 5.0
     # What the words of a tail say, learned from real failures
     # (evidence/lexical.py); weighed where the catalogue has only weak
     # evidence. None: the catalogue alone.

@@ -44,7 +44,7 @@ from trainwarden.yamlsrc import ConfigError, Fields, load_yaml_file
 
 EXPECT_KEYS = ("action", "reason", "rule", "instance", "error_source", "category", "error_code", "verdict",
                "consequences")
-EVENT_KINDS = ("log", "exit", "sdk", "node_lost", "c4d", "market")
+EVENT_KINDS = ("log", "exit", "sdk", "node_lost", "c4d", "market", "preempted")
 # Not faults: compared only when a test asks for them.
 _LIFECYCLE = (DecisionKind.COMPLETE_JOB, DecisionKind.START_JOB, DecisionKind.QUEUE_JOB, DecisionKind.RESUME_JOB)
 
@@ -170,11 +170,13 @@ def _parse_event(path: Path, raw: Any, line: int) -> TimelineEvent:
     if len(kinds) != 1:
         raise fields.error(None, "an event needs exactly one of: log, exit, sdk (naming the instance), "
                                  "node_lost (naming an instance on the lost node), c4d (naming an instance), "
-                                 "market (a price)")
+                                 "market (a price), preempted (the scheduler's reason)")
     kind = kinds[0]
     extra: dict = {}
-    instance = "" if kind == "market" else fields.get(kind, str)
-    if kind == "market":
+    instance = "" if kind in ("market", "preempted") else fields.get(kind, str)
+    if kind == "preempted":
+        extra["reason"] = fields.get("preempted", str)
+    elif kind == "market":
         extra["price"] = float(fields.get("market", (int, float)))
         extra["stock"] = fields.get("stock", int, 1_000_000)
         extra["average_price"] = float(fields.get("average_price", (int, float), 0))
@@ -267,6 +269,10 @@ def _play(cluster: VirtualCluster, event: TimelineEvent, spot: Optional[dict] = 
             cluster.market((Offer(instance_type=spot["instance_type"], price=f["price"], stock=f["stock"],
                                   on_demand=spot["on_demand"], average_price=f["average_price"],
                                   notice_s=f["notice_s"]),))
+        return ""
+    if event.kind == "preempted":
+        if not cluster.state.finished:
+            cluster.preempted(event.fields["reason"])
         return ""
     if event.instance not in cluster.state.instances:
         return f"line {event.line}: no instance {event.instance!r} in this job"

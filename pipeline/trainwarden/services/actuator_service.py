@@ -40,7 +40,7 @@ from trainwarden.bus.messages import (
 )
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
 from trainwarden.engine import JobStatus
-from trainwarden.events import Decision, DecisionKind, InstanceSpec, JobSpec, NodeLost
+from trainwarden.events import Decision, DecisionKind, InstanceSpec, JobSpec, NodeLost, Preempted
 from trainwarden.runtime.agents import AgentsRuntime, UnplacedRuntime
 from trainwarden.runtime.clock import now as clock_now
 from trainwarden.runtime.nodes import Cluster, NodeStatus
@@ -70,6 +70,7 @@ class ActuatorCounters:
     commands: int = 0
     waiting_for_capacity: int = 0
     nodes_lost: int = 0
+    preemptions: int = 0
     dead_letters: int = 0
     history_errors: int = 0
     slurm_errors: int = 0
@@ -183,6 +184,12 @@ class ActuatorService:
         self.counters.nodes_lost += 1
         self.producer.send(EVENTS, job_id, encode(NodeLost(job_id=job_id, time=self.clock(), node=node,
                                                            instances=tuple(instances))))
+
+    def preempted(self, job_id: str, round_: int, reason: str) -> None:
+        """The job's engine hears that the scheduler took the round's capacity back (not a fault)."""
+        self.counters.preemptions += 1
+        self.producer.send(EVENTS, job_id, encode(Preempted(job_id=job_id, time=self.clock(), round=round_,
+                                                            reason=reason)))
 
     def slurm_error(self, job_id: str, text: str) -> None:
         self.counters.slurm_errors += 1

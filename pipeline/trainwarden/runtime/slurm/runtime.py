@@ -22,6 +22,10 @@ for their own instances.
 - Isolating a node drains it (``Reason`` says why, from Trainwarden); the
   next round excludes it. ``trainwarden nodes uncordon`` resumes it.
 - A node Slurm reports down while it holds the job's tasks is node loss.
+- Slurm taking the allocation back while its nodes are up (a higher
+  priority job preempted it: requeued, or ended with PREEMPTED; or an
+  operator requeued it) is a preemption, said to the engine as such: not a
+  fault. The next round starts when Slurm runs the allocation again.
 - A job that preloads (``preload:``) gets a standby host on each node of
   each allocation run (standby_host.py): a step of its own that overlaps
   the rounds' steps, started before the first round, which waits for the
@@ -97,6 +101,9 @@ class SlurmRuntime(ClusterJob):
         self.launched: set[str] = set()
         self.ran_on: dict[str, str] = {}  # where each instance last ran: a lone restart goes back there
         self.reported_down: set[str] = set()
+        # The allocation run the launched instances are in: (job id, Slurm restarts), and its nodes.
+        self.run_seen: Optional[tuple[int, int]] = None
+        self.run_nodes: tuple[str, ...] = ()
         self.errors = 0
         self.last_error = ""
         self._next_nodes = 0.0
@@ -149,6 +156,7 @@ class SlurmRuntime(ClusterJob):
         if now >= self._next_nodes:
             self._next_nodes = now + NODES_EVERY_S
             self._watch_nodes()
+            self._watch_allocation()
         self._try_launch()
         self._end_late_steps()
 
@@ -281,6 +289,7 @@ class SlurmRuntime(ClusterJob):
         else:
             self.steps.append(_Step(proc, set(launch)))
             self.launched.update(launch)
+            self.run_seen, self.run_nodes = (job.job_id, job.restarts), tuple(job.nodes)
 
     def _launch_alone(self, job, name: str) -> None:
         """One instance restarted while the others run: the one task of a step of its own."""
@@ -347,6 +356,31 @@ class SlurmRuntime(ClusterJob):
                 self.port.node_lost(self.job_id, node.name, on_it)
             elif not down:
                 self.reported_down.discard(node.name)
+
+    def _watch_allocation(self) -> None:
+        """Slurm took the allocation the round runs in back while its nodes
+        are up: preempted by a higher-priority job (requeued, or PREEMPTED
+        when the site cancels), or requeued by an operator. Said once per run;
+        a run lost with a node is node loss (_watch_nodes), not this."""
+        if self.run_seen is None or self.allocation != self.run_seen[0] or not self.launched:
+            return
+        job = self._call(self.slurm.job, self.allocation)
+        if job is None:
+            return
+        job_id, restarts = self.run_seen
+        if job.state is JobState.PREEMPTED:
+            why = f"Slurm preempted allocation {job_id}"
+        elif job.restarts > restarts:
+            why = (f"Slurm requeued allocation {job_id} (restart {job.restarts}) while its nodes were up: "
+                   f"preempted by a higher-priority job, or requeued by an operator")
+        else:
+            return
+        self.run_seen = None
+        if set(self.run_nodes) & self.down:
+            return  # a node of it is down: node loss, said as such
+        rounds = [self.incarnation[name][0] for name in self.launched if name in self.incarnation]
+        if rounds:
+            self.port.preempted(self.job_id, max(rounds), why)
 
     def _call(self, fn, *args, **kwargs):
         try:
