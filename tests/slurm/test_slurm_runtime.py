@@ -131,10 +131,15 @@ def test_a_node_whose_slurmd_is_killed_is_lost_and_the_job_goes_on_on_the_others
     assert done and done[0]["action"] == "restart_job", done
 
 
+@pytest.mark.parametrize("args", [
+    # Sync, job restarts off: a preemption judged as a failure would fail the job.
+    "--enable-job-restart=False",
+    # Async, no instance restart allowed: likewise for each instance's SIGTERM death.
+    "--job-execution-mode=Async --max-num-of-job-restart=0",
+], ids=["sync", "async"])
 def test_a_job_preempted_by_a_higher_priority_partition_runs_again_and_no_limit_counts_it(services, job_id, tmp_path,
-                                                                                         slurm):
-    # Job restarts are off: a preemption judged as a failure would fail the job.
-    proc = _submit(services, job_id, tmp_path, "--enable-job-restart=False", "--steps", "40", "--step-s", "0.25")
+                                                                                         slurm, args):
+    proc = _submit(services, job_id, tmp_path, args, "--steps", "40", "--step-s", "0.25")
     wait_for(lambda: _node_of(services, job_id, "worker-0", 0) and _node_of(services, job_id, "worker-1", 0), 60,
              "round 0 running")
     time.sleep(2)  # a few steps saved

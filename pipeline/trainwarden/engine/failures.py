@@ -69,13 +69,17 @@ def _attributes(state: JobState) -> bool:
             and state.pack.attribution_window_s > 0 and len(state.instances) > 1)
 
 
+def _sync(state: JobState) -> bool:
+    return state.settings.job_execution_mode is ExecutionMode.SYNC
+
+
 def _awaits_notice(state: JobState, judgement: Judgement) -> bool:
     """Whether this failure may be a scheduler preempting the job, whose
-    notice (a Preempted event) may still come: a Sync job's death by an
-    outside SIGTERM, with nothing of its own to say."""
+    notice (a Preempted event) may still come: a death by an outside
+    SIGTERM, with nothing of its own to say."""
     root = judgement.root
-    return (state.settings.job_execution_mode is ExecutionMode.SYNC and state.pack.platform_notice_window_s > 0
-            and signal_of_exit(root.exit_code) == SIGTERM and root.verdict.category == PLATFORM_SIGNAL)
+    return (state.pack.platform_notice_window_s > 0 and signal_of_exit(root.exit_code) == SIGTERM
+            and root.verdict.category == PLATFORM_SIGNAL)
 
 
 def on_failure(state: JobState, inst: InstanceState, event: InstanceExited, now: float) -> list[Decision]:
@@ -83,15 +87,21 @@ def on_failure(state: JobState, inst: InstanceState, event: InstanceExited, now:
     # alone: log lines travel separately and may not all have arrived.
     tail = tuple(event.tail) if event.tail is not None else tuple(inst.tail)
     failure = Failure(inst.name, event.exit_code, tail, event.time)
-    if not _attributes(state) and state.pending_failures is None:
-        judgement = judge(state.pack, [failure], _keywords(state))
-        if not _awaits_notice(state, judgement):
-            return [respond_judgement(state, judgement, now)]
+    judgement = judge(state.pack, [failure], _keywords(state))
+    awaits = _awaits_notice(state, judgement)
+    # A Sync job's failures are judged together while any wait; an Async
+    # job's wait only if they may be a preemption, each judged alone.
+    joins = _attributes(state) or (_sync(state) and state.pending_failures is not None)
+    if not (joins or awaits):
+        return [respond_judgement(state, judgement, now)]
     inst.status = InstanceStatus.FAILED
-    if state.pending_failures is None:
+    pending = state.pending_failures
+    if pending is None:
         window = state.pack.attribution_window_s if _attributes(state) else 0.0
-        state.pending_failures = PendingFailures(opened_at=now, deadline=now + window, failures=[])
-    state.pending_failures.failures.append(failure)
+        pending = state.pending_failures = PendingFailures(opened_at=now, deadline=now + window, failures=[])
+    pending.failures.append(failure)
+    if awaits:  # the timers wake the engine when the wait is over
+        pending.deadline = max(pending.deadline, pending.opened_at + state.pack.platform_notice_window_s)
     return settle_pending(state, now)
 
 
@@ -101,12 +111,25 @@ def settle_pending(state: JobState, now: float) -> list[Decision]:
     every instance has exited, or the window is over. Only aftermath and
     unknown failures wait: an own error, or a bare SIGKILL, decides at once.
     A death by an outside SIGTERM waits out the platform notice window,
-    even when every instance is in: the scheduler's Preempted may follow."""
+    even when every instance is in: the scheduler's Preempted may follow.
+    An Async job's deaths held for that notice are judged one by one."""
     pending = state.pending_failures
     if pending is None:
         return []
+    notice_until = pending.opened_at + state.pack.platform_notice_window_s
+    if not _sync(state):
+        if now < notice_until:
+            return []
+        state.pending_failures = None
+        decisions = []
+        for failure in pending.failures:
+            decision = respond_judgement(state, judge(state.pack, [failure], _keywords(state)), now)
+            decisions.append(decision)
+            if decision.kind is not DecisionKind.RESTART_INSTANCE:
+                break  # a job restart or failure covers every other instance
+        return decisions
     judgement = judge(state.pack, pending.failures, _keywords(state))
-    if _awaits_notice(state, judgement) and now < pending.opened_at + state.pack.platform_notice_window_s:
+    if _awaits_notice(state, judgement) and now < notice_until:
         return []
     running = any(i.status in (InstanceStatus.RUNNING, InstanceStatus.PENDING) for i in state.instances.values())
     decided = not judgement.root.consequence and judgement.verdict.verdict is not Retryability.UNKNOWN

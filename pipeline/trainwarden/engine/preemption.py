@@ -8,8 +8,8 @@ the new round when the scheduler gives the capacity back. A spot job goes
 back to its bidding queue instead; with fault tolerance off the job fails.
 
 The instances' own exits often come first (Slurm sends SIGTERM as it
-preempts): ``failures.py`` holds a Sync job's deaths by an outside SIGTERM
-for ``platform_notice_window_s`` so that the notice, not the exits, decides.
+preempts): ``failures.py`` holds deaths by an outside SIGTERM for
+``platform_notice_window_s`` so that the notice, not the exits, decides.
 """
 
 from __future__ import annotations

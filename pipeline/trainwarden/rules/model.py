@@ -183,7 +183,7 @@ class RulePack:
     # Sync jobs: after the first failure, how long to wait for the other
     # instances' exits and tails before judging the job's root cause.
     attribution_window_s: float = 5.0
-    # Sync jobs: how long a death by an outside SIGTERM waits for the
+    # How long a death by an outside SIGTERM waits for the
     # scheduler's word that it preempted the job (engine/preemption.py)
     # before it is judged as a failure.
     platform_notice_window_s: float = 5.0
