@@ -9,6 +9,8 @@ fault being judged.
 
 from __future__ import annotations
 
+import signal
+
 from trainwarden.attribution import Failure, Judgement, judge
 from trainwarden.classify import Verdict
 from trainwarden.engine.decide import guarded, make_decision
@@ -19,7 +21,6 @@ from trainwarden.rules.model import Response, Retryability
 from trainwarden.settings import ExecutionMode, FaultTolerantPolicy
 
 MAX_CONSEQUENCES = 64
-SIGTERM = 15
 # The category of deaths by a signal from outside the job (catalogue: killed_by_platform and kin).
 PLATFORM_SIGNAL = "platform_signal"
 
@@ -78,7 +79,7 @@ def _awaits_notice(state: JobState, judgement: Judgement) -> bool:
     notice (a Preempted event) may still come: a death by an outside
     SIGTERM, with nothing of its own to say."""
     root = judgement.root
-    return (state.pack.platform_notice_window_s > 0 and signal_of_exit(root.exit_code) == SIGTERM
+    return (state.pack.platform_notice_window_s > 0 and signal_of_exit(root.exit_code) == signal.SIGTERM
             and root.verdict.category == PLATFORM_SIGNAL)
 
 
@@ -87,21 +88,18 @@ def on_failure(state: JobState, inst: InstanceState, event: InstanceExited, now:
     # alone: log lines travel separately and may not all have arrived.
     tail = tuple(event.tail) if event.tail is not None else tuple(inst.tail)
     failure = Failure(inst.name, event.exit_code, tail, event.time)
-    judgement = judge(state.pack, [failure], _keywords(state))
-    awaits = _awaits_notice(state, judgement)
-    # A Sync job's failures are judged together while any wait; an Async
-    # job's wait only if they may be a preemption, each judged alone.
-    joins = _attributes(state) or (_sync(state) and state.pending_failures is not None)
-    if not (joins or awaits):
-        return [respond_judgement(state, judgement, now)]
+    # A Sync job's failures are judged together while any wait (settle_pending);
+    # otherwise a failure waits only if it may be a preemption, and alone.
+    if not (_attributes(state) or (_sync(state) and state.pending_failures is not None)):
+        judgement = judge(state.pack, [failure], _keywords(state))
+        if not _awaits_notice(state, judgement):
+            return [respond_judgement(state, judgement, now)]
     inst.status = InstanceStatus.FAILED
     pending = state.pending_failures
     if pending is None:
-        window = state.pack.attribution_window_s if _attributes(state) else 0.0
+        window = state.pack.attribution_window_s if _attributes(state) else state.pack.platform_notice_window_s
         pending = state.pending_failures = PendingFailures(opened_at=now, deadline=now + window, failures=[])
     pending.failures.append(failure)
-    if awaits:  # the timers wake the engine when the wait is over
-        pending.deadline = max(pending.deadline, pending.opened_at + state.pack.platform_notice_window_s)
     return settle_pending(state, now)
 
 
@@ -130,6 +128,7 @@ def settle_pending(state: JobState, now: float) -> list[Decision]:
         return decisions
     judgement = judge(state.pack, pending.failures, _keywords(state))
     if _awaits_notice(state, judgement) and now < notice_until:
+        pending.deadline = max(pending.deadline, notice_until)  # the timers wake the engine then
         return []
     running = any(i.status in (InstanceStatus.RUNNING, InstanceStatus.PENDING) for i in state.instances.values())
     decided = not judgement.root.consequence and judgement.verdict.verdict is not Retryability.UNKNOWN

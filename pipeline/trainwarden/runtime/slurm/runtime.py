@@ -54,7 +54,7 @@ from trainwarden.runtime.nodes import master_port
 from trainwarden.runtime.slurm.adopt import token_digest
 from trainwarden.runtime.slurm.handoff import TASK_TOKENS, in_workdir, ready_name
 from trainwarden.runtime.slurm.cli import SlurmCli, SlurmError
-from trainwarden.runtime.slurm.parse import JobState, NodeState, round_task_env
+from trainwarden.runtime.slurm.parse import JobState, NodeState, SlurmJob, round_task_env
 from trainwarden.settings import JobSettings
 
 NODES_EVERY_S = 2.0
@@ -101,9 +101,8 @@ class SlurmRuntime(ClusterJob):
         self.launched: set[str] = set()
         self.ran_on: dict[str, str] = {}  # where each instance last ran: a lone restart goes back there
         self.reported_down: set[str] = set()
-        # The allocation run the launched instances are in: (job id, Slurm restarts), and its nodes.
-        self.run_seen: Optional[tuple[int, int]] = None
-        self.run_nodes: tuple[str, ...] = ()
+        # The allocation run the launched instances are in, as Slurm said when they were launched.
+        self.run_seen: Optional[SlurmJob] = None
         self.errors = 0
         self.last_error = ""
         self._next_nodes = 0.0
@@ -289,7 +288,7 @@ class SlurmRuntime(ClusterJob):
         else:
             self.steps.append(_Step(proc, set(launch)))
             self.launched.update(launch)
-            self.run_seen, self.run_nodes = (job.job_id, job.restarts), tuple(job.nodes)
+            self.run_seen = job
 
     def _launch_alone(self, job, name: str) -> None:
         """One instance restarted while the others run: the one task of a step of its own."""
@@ -362,21 +361,21 @@ class SlurmRuntime(ClusterJob):
         are up: preempted by a higher-priority job (requeued, or PREEMPTED
         when the site cancels), or requeued by an operator. Said once per run;
         a run lost with a node is node loss (_watch_nodes), not this."""
-        if self.run_seen is None or self.allocation != self.run_seen[0] or not self.launched:
+        run = self.run_seen
+        if run is None or self.allocation != run.job_id or not self.launched:
             return
         job = self._call(self.slurm.job, self.allocation)
         if job is None:
             return
-        job_id, restarts = self.run_seen
         if job.state is JobState.PREEMPTED:
-            why = f"Slurm preempted allocation {job_id}"
-        elif job.restarts > restarts:
-            why = (f"Slurm requeued allocation {job_id} (restart {job.restarts}) while its nodes were up: "
+            why = f"Slurm preempted allocation {run.job_id}"
+        elif job.restarts > run.restarts:
+            why = (f"Slurm requeued allocation {run.job_id} (restart {job.restarts}) while its nodes were up: "
                    f"preempted by a higher-priority job, or requeued by an operator")
         else:
             return
         self.run_seen = None
-        if set(self.run_nodes) & self.down:
+        if set(run.nodes) & self.down:
             return  # a node of it is down: node loss, said as such
         rounds = [self.incarnation[name][0] for name in self.launched if name in self.incarnation]
         if rounds:
