@@ -50,6 +50,17 @@ def cli():
             c.resume(n)
 
 
+@pytest.fixture(autouse=True)
+def cancel_this_tests_jobs(cli):
+    # Each test starts on idle nodes: a job left running by the one before
+    # shares their CPUs and slows the next allocation (CI: a requeued job
+    # took over 10 s to run again beside one).
+    yield
+    for job_id in cli.created:  # type: ignore[attr-defined]
+        cli.cancel(job_id)
+    cli.created.clear()  # type: ignore[attr-defined]
+
+
 @pytest.fixture
 def work(tmp_path_factory):
     # Under /tmp (not pytest's default if it were elsewhere): the slurmd write the output files.
@@ -180,7 +191,9 @@ def test_requeue_now_excluding_a_node_then_cancel(cli, work):
     bad = first.nodes[0]
     t0 = time.monotonic()
     cli.requeue_now(job_id, exclude=[bad])
-    again = running(cli, job_id, timeout_s=10)
+    # Well under Slurm's own ~120 s hold; the next scheduling pass after the
+    # old allocation has completed (~3 s idle, longer on a loaded host).
+    again = running(cli, job_id, timeout_s=40)
     print(f"requeue_now -> RUNNING {time.monotonic() - t0:.2f}s")
     assert bad not in again.nodes and len(again.nodes) == 2
     assert again.excluded == (bad,)
