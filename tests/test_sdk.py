@@ -93,6 +93,16 @@ def test_reset_config_accepts_the_documented_parameters_and_refuses_others(engin
     assert [m.interval for m in engine.messages] == [10, -1]
 
 
+def test_progress_reaches_the_engine_as_a_step_and_a_bad_step_is_refused_before_sending(engine):
+    monitor = jm.Monitor()
+    assert monitor.report_progress(1200).ok()
+    assert monitor.report_progress(2400.0).ok()
+    for bad in (-1, 1.5, "12", True, protocol.MAX_STEP + 1):
+        st = monitor.report_progress(bad)
+        assert not st.ok() and "progress step" in st.to_string(), bad
+    assert [(m.op, m.step) for m in engine.messages] == [(SdkOp.REPORT_PROGRESS, 1200), (SdkOp.REPORT_PROGRESS, 2400)]
+
+
 def test_config_parameters_are_applied_when_the_monitor_is_made(engine):
     jm.Monitor(config=jm.PyTorchConfig(job_hang_interval=1800))
     assert engine.messages[0].interval == 1800
@@ -147,6 +157,9 @@ def test_the_socket_lives_in_a_directory_only_this_user_can_enter(engine):
     (b'{"v": 9, "op": "custom_message", "content": "x"}', "version"),
     (b'{"v": 2, "op": "set_hang_interval", "interval": 0}', "hang interval"),
     (b'{"v": 2, "op": "set_retryable_errors", "errors": "x"}', "list"),
+    (b'{"v": 2, "op": "report_progress", "step": -3}', "progress step"),
+    (b'{"v": 2, "op": "report_progress", "step": "many"}', "progress step"),
+    (b'{"v": 2, "op": "report_progress", "step": 5, "instance": "worker-1"}', "unknown field 'instance'"),
     (b"x" * (protocol.MAX_REQUEST_BYTES + 1), "longer"),
 ])
 def test_malformed_requests_are_refused_with_a_reason(raw, words):

@@ -24,6 +24,7 @@ def test_an_empty_arguments_string_gives_the_spec_defaults():
     assert s.fault_tolerant_policy is FaultTolerantPolicy.EXIT_CODE_AND_ERROR_MSG
     assert s.max_num_of_same_error == 10
     assert s.max_tolerated_failure_rate == -1
+    assert s.max_num_of_no_progress_restart == 3
     assert s.c4d_log_level is C4DLogLevel.WARNING
 
 
@@ -39,12 +40,12 @@ def test_every_flag_is_accepted_in_name_equals_value_form():
         "--enable-job-hang-detection=TRUE --job-hang-interval=60 --enable-c4d-hang-detection=True "
         "--enable-job-exit-hang-detection=True --job-exit-hang-interval=30 --fault-tolerant-policy=OnFailure "
         "--max-num-of-same-error=2 --max-tolerated-failure-rate=0.25 --c4d-log-level=Error "
-        "--c4d-common-envs=C4D_HANG_TIMEOUT=5000000,C4D_HANG_TIMES=3")
+        "--c4d-common-envs=C4D_HANG_TIMEOUT=5000000,C4D_HANG_TIMES=3 --max-num-of-no-progress-restart=-1")
     assert s.job_execution_mode is ExecutionMode.ASYNC
     assert s.max_num_of_job_restart == 5 and s.job_hang_interval == 60 and s.job_exit_hang_interval == 30
     assert s.fault_tolerant_policy is FaultTolerantPolicy.ON_FAILURE
     assert s.max_num_of_same_error == 2 and s.max_tolerated_failure_rate == 0.25
-    assert s.c4d_log_level is C4DLogLevel.ERROR
+    assert s.c4d_log_level is C4DLogLevel.ERROR and s.max_num_of_no_progress_restart == -1
     assert s.c4d_env()["C4D_HANG_TIMEOUT"] == "5000000" and s.c4d_env()["C4D_HANG_TIMES"] == "3"
     assert s.c4d_env()["C4D_RUNTIME_LOG_LEVEL"] == "INFO"
 
@@ -63,6 +64,7 @@ def test_booleans_and_choices_are_case_insensitive():
     ("--job-hang-interval=ten", "job-hang-interval", "integer"),
     ("--max-num-of-job-restart=-1", "max-num-of-job-restart", "from 0"),
     ("--max-tolerated-failure-rate=1.5", "max-tolerated-failure-rate", "fraction"),
+    ("--max-num-of-no-progress-restart=-2", "max-num-of-no-progress-restart", "or -1 (off)"),
     ("--job-execution-mode=Parallel", "job-execution-mode", "Sync, Async"),
     ("--fault-tolerant-policy=Always", "fault-tolerant-policy", "OnFailure, ExitCodeAndErrorMsg, Never"),
     ("--c4d-log-level=Debug", "c4d-log-level", "Info, Warning, Error"),

@@ -83,6 +83,9 @@ class Reason(str, enum.Enum):
     INSTANCE_RESTART_LIMIT_REACHED = "instance_restart_limit_reached"
     SAME_ERROR_LIMIT_REACHED = "same_error_limit_reached"
     FAILURE_RATE_EXCEEDED = "failure_rate_exceeded"
+    # Restart after restart, each failing before the job got further (a
+    # crash loop): the fault comes from the job, whatever its verdict.
+    NO_PROGRESS = "no_progress"
     CUSTOM_MESSAGE = "custom_message"
     NODE_LOST = "node_lost"
     C4D_ERROR = "c4d_error"
@@ -257,6 +260,7 @@ class SdkOp(str, enum.Enum):
     CUSTOM_MESSAGE = "custom_message"
     SET_RETRYABLE_ERRORS = "set_retryable_errors"
     SET_HANG_INTERVAL = "set_hang_interval"
+    REPORT_PROGRESS = "report_progress"
 
 
 class SdkMessage(msgspec.Struct, frozen=True, tag="sdk_message"):
@@ -270,6 +274,9 @@ class SdkMessage(msgspec.Struct, frozen=True, tag="sdk_message"):
     keywords: tuple[str, ...] = ()
     # For SET_HANG_INTERVAL: seconds, -1 to switch off, None for the job's default.
     interval: Optional[int] = None
+    # For REPORT_PROGRESS: the job's own measure of how far it got (a step,
+    # an iteration, a checkpoint's number); only its growth matters.
+    step: Optional[int] = None
 
 
 class Offer(msgspec.Struct, frozen=True):

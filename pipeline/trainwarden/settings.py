@@ -68,6 +68,8 @@ class JobSettings:
     fault_tolerant_policy: FaultTolerantPolicy = FaultTolerantPolicy.EXIT_CODE_AND_ERROR_MSG
     max_num_of_same_error: int = 10
     max_tolerated_failure_rate: float = -1.0
+    # Restarts in a row that made no progress (engine/progress.py); -1: no limit.
+    max_num_of_no_progress_restart: int = 3
     c4d_log_level: C4DLogLevel = C4DLogLevel.WARNING
     c4d_common_envs: tuple[tuple[str, str], ...] = ()
 
@@ -213,6 +215,8 @@ FLAGS: dict[str, FlagSpec] = {
               "OnFailure, ExitCodeAndErrorMsg (restart only retryable faults) or Never"),
         _flag("max-num-of-same-error", _int_range(1, MAX_RESTARTS),
               "most times the same error may occur on one instance"),
+        _flag("max-num-of-no-progress-restart", _int_range(0, MAX_RESTARTS, allow_minus_one=True),
+              "most restarts in a row after which the job got no further before failing again; -1 disables"),
         _flag("max-tolerated-failure-rate", _failure_rate,
               "fraction of workers that may fail before the job fails; -1 disables"),
         _flag("c4d-log-level", _choice(C4DLogLevel), "C4D levels shown: Info, Warning or Error"),

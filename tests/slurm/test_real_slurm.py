@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwarden.runtime.slurm.cli import SlurmCli, SlurmError
+from trainwarden.runtime.slurm.cli import SlurmCli, SlurmError, SlurmTimeout
 from trainwarden.runtime.slurm.files import TaskExited, TaskFiles, TaskLines, TaskStarted
 from trainwarden.runtime.slurm.parse import JobState, NodeState
 
@@ -68,10 +68,25 @@ def work(tmp_path_factory):
 
 
 def running(cli: SlurmCli, job_id: int, timeout_s: float = 15.0):
-    return cli.wait_for(
-        lambda: (j := cli.job(job_id)) is not None and j.state is JobState.RUNNING and j,
-        timeout_s, interval_s=0.05, what=f"job {job_id} RUNNING",
-    )
+    try:
+        return cli.wait_for(
+            lambda: (j := cli.job(job_id)) is not None and j.state is JobState.RUNNING and j,
+            timeout_s, interval_s=0.05, what=f"job {job_id} RUNNING",
+        )
+    except SlurmTimeout as e:
+        raise AssertionError(f"{e}\n{slurm_state(job_id)}") from None
+
+
+def slurm_state(job_id: int) -> str:
+    """What Slurm says of its jobs, nodes and the job (its pending reason), and its controller's last lines."""
+    def out(*command: str) -> str:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+        return done.stdout + done.stderr
+
+    log = Path(os.environ["SLURM_CONF"]).parent / "log" / "slurmctld.log"
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else ""
+    return "\n".join((out("squeue", "-o", "%i %P %T %r %N"), out("sinfo", "-N", "-o", "%N %P %T %E"),
+                      out("scontrol", "show", "job", str(job_id)), tail))
 
 
 def allocate(cli: SlurmCli, work: Path, nodes: int = 2, **kw) -> int:

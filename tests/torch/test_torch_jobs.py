@@ -162,3 +162,41 @@ def test_trainwarden_supervising_torchrun_restarts_it_and_the_job_resumes(
     restart = history(job_id, "--wide")[0]
     assert restart["action"] == "restart_job" and restart["verdict"] == "retryable", restart
     assert same_weights(weights["weights"], fault_free) and weights["resumed_from"] > 0
+
+
+def test_a_configuration_error_that_times_out_like_a_transient_fault_ends_after_three_restarts_without_progress(
+        cli, tmp_path, job_id, history, preload):
+    # The job asks gloo for 4 ranks and has 3: the store times out at start-up
+    # in every round. Its lines say rendezvous timeout, retryable; with a
+    # budget of 20 restarts only the no-progress guard ends the loop.
+    args = "--enable-job-restart=True --max-num-of-job-restart=20"
+    result, _ = run_job(cli, tmp_path, job_id, "wrong_world", args=args, preload=preload)
+    assert result.code == 1, result
+    assert actions(history, job_id) == [("restart_job", "retryable_failure")] * 3 + [("fail_job", "no_progress")]
+    records = history(job_id, "--wide")
+    assert {r["category"] for r in records} == {"rendezvous"}, records
+    assert "DistStoreError" in records[-1]["error_message"], records[-1]
+
+
+def test_a_job_that_reports_its_progress_is_restarted_by_the_round_and_ends_as_a_fault_free_run(
+        cli, tmp_path, job_id, history, fault_free, preload):
+    # A rank dies in each of three rounds, each time past the checkpoint the
+    # round resumed from; rank 0 reports every checkpoint's step. Not one
+    # restart without progress is allowed, and none is needed.
+    args = "--enable-job-restart=True --max-num-of-job-restart=3 --max-num-of-no-progress-restart=0"
+    result, weights = run_job(cli, tmp_path, job_id, "sigkill_each_round", "--report-progress", args=args,
+                              preload=preload)
+    assert result.code == 0, result
+    assert actions(history, job_id) == [("restart_job", "retryable_failure")] * 3
+    assert weights["round"] == 3 and weights["resumed_from"] > 0
+    assert same_weights(weights["weights"], fault_free)
+
+
+def test_the_same_job_without_progress_reports_is_stopped_by_the_guard_at_its_first_restart(
+        cli, tmp_path, job_id, history, preload):
+    # The counterpart of the test above: without reports, rounds this short
+    # (under settings.progress_min_run_s) made no progress as far as anyone can tell.
+    args = "--enable-job-restart=True --max-num-of-job-restart=3 --max-num-of-no-progress-restart=0"
+    result, _ = run_job(cli, tmp_path, job_id, "sigkill_each_round", args=args, preload=preload)
+    assert result.code == 1, result
+    assert actions(history, job_id) == [("fail_job", "no_progress")]

@@ -11,7 +11,7 @@ from typing import Optional
 import msgspec
 
 from trainwarden.diagnose.advice import WATCHDOG_MARK, advised_interval, watchdog_timeout
-from trainwarden.engine import failures, preemption, spot, timers
+from trainwarden.engine import failures, preemption, progress, spot, timers
 from trainwarden.engine.decide import apply, guarded, make_decision
 from trainwarden.engine.state import InstanceStatus, JobState, JobStatus, new_job_state
 from trainwarden.events import (
@@ -145,6 +145,12 @@ def _on_sdk(state: JobState, event: SdkMessage, now: float) -> list[Decision]:
         return [make_decision(state, DecisionKind.NOTIFY, Reason.CUSTOM_MESSAGE, "sdk_custom_message", now,
                               fault_key=("sdk", state.sdk_seq), source=ErrorSource.SDK, inst=inst,
                               message=event.content, category="custom_message", detected_at=event.time)]
+    if op is SdkOp.REPORT_PROGRESS:
+        inst = state.current(event.instance, event.round, event.start)
+        if inst is not None and event.step is not None:
+            inst.spoke = True
+            progress.note_progress(state, inst, event.step)
+        return []
     if op is SdkOp.SET_HANG_INTERVAL:
         inst = state.current(event.instance, event.round, event.start)
         if inst is not None:
@@ -218,7 +224,7 @@ def _on_diagnosis(state: JobState, event: Diagnosis, now: float) -> list[Decisio
                                            signature=f"c4d:{event.kind}", category=event.kind,
                                            detected_at=event.time, node=event.node))
         if rule.action is DecisionKind.RESTART_JOB:
-            kind, reason, name = guarded(state, DecisionKind.RESTART_JOB, rule.reason, rule.name, None)
+            kind, reason, name = guarded(state, DecisionKind.RESTART_JOB, rule.reason, rule.name, None, now, ErrorSource.C4D)
             decisions.append(make_decision(state, kind, reason, name, now, fault_key=key, source=ErrorSource.C4D,
                                            message=message, signature=f"c4d:{event.kind}",
                                            category=event.kind, detected_at=event.time, node=event.node))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from trainwarden.engine import progress
 from trainwarden.engine.limits import first_limit_reached
 from trainwarden.engine.state import InstanceState, InstanceStatus, JobState, JobStatus, SpotPhase
 from trainwarden.events import Decision, DecisionKind, ErrorSource, Reason, action_id
@@ -12,10 +13,11 @@ MAX_MESSAGE = 4000
 
 
 def guarded(state: JobState, intent: DecisionKind, reason: Reason, rule: str,
-            inst: Optional[InstanceState], signature: str = "") -> tuple[DecisionKind, Reason, str]:
+            inst: Optional[InstanceState], now: float, source: Optional[ErrorSource],
+            signature: str = "") -> tuple[DecisionKind, Reason, str]:
     """The intent after the limits: a restart that a limit forbids fails the job."""
     if intent in (DecisionKind.RESTART_JOB, DecisionKind.RESTART_INSTANCE):
-        limit = first_limit_reached(state, intent, inst, signature)
+        limit = first_limit_reached(state, intent, inst, signature, now, source)
         if limit is not None:
             return DecisionKind.FAIL_JOB, limit.reason, limit.name
     return intent, reason, rule
@@ -63,6 +65,9 @@ def apply(state: JobState, decision: Decision) -> None:
     if kind in (DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB, DecisionKind.COMPLETE_JOB, DecisionKind.REQUEUE):
         # Failures still waiting for attribution belong to the round that ends.
         state.pending_failures = None
+    if kind in (DecisionKind.RESTART_JOB, DecisionKind.RESTART_INSTANCE):
+        inst = state.instances.get(decision.instance) if decision.instance else None
+        progress.note_restart(state, kind, decision.error_source, inst, decision.time)
     if kind is DecisionKind.RESTART_JOB:
         state.round += 1
         if decision.reason is not Reason.PREEMPTED:  # the scheduler's doing, not the job's: no limit counts it

@@ -181,7 +181,7 @@ def respond(state: JobState, inst: InstanceState, verdict: Verdict, now: float, 
         intent = DecisionKind.RESTART_JOB
     if source is ErrorSource.NODE_LOST and reason in (Reason.RETRYABLE_FAILURE, Reason.INSTANCE_FAILED):
         reason = Reason.NODE_LOST
-    kind, reason, rule = guarded(state, intent, reason, rule, inst, signature)
+    kind, reason, rule = guarded(state, intent, reason, rule, inst, now, source, signature)
     return make_decision(
         state, kind, reason, rule, now,
         fault_key=(source.value, state.round, inst.name, inst.start),

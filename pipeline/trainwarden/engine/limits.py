@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from typing import Optional
 
+from trainwarden.engine.progress import no_progress_count
 from trainwarden.engine.state import InstanceState, JobState
-from trainwarden.events import DecisionKind
+from trainwarden.events import DecisionKind, ErrorSource
 from trainwarden.rules.model import Counter, Limit, LimitKind
 
 
-def counter_value(state: JobState, limit: Limit, inst: Optional[InstanceState], signature: str) -> Optional[float]:
+def counter_value(state: JobState, limit: Limit, intent: DecisionKind, inst: Optional[InstanceState],
+                  signature: str, now: float, source: Optional[ErrorSource]) -> Optional[float]:
     counter = limit.counter
+    if counter is Counter.NO_PROGRESS_RESTARTS:
+        return no_progress_count(state, intent, inst, now, source)
     if counter is Counter.JOB_RESTARTS:
         return state.job_restarts + 1
     if counter is Counter.INSTANCE_RESTARTS:
@@ -31,7 +35,7 @@ def counter_value(state: JobState, limit: Limit, inst: Optional[InstanceState], 
 
 
 def first_limit_reached(state: JobState, intent: DecisionKind, inst: Optional[InstanceState],
-                        signature: str = "") -> Optional[Limit]:
+                        signature: str, now: float, source: Optional[ErrorSource]) -> Optional[Limit]:
     for limit in state.pack.limits:
         if intent not in limit.applies_to:
             continue
@@ -40,9 +44,9 @@ def first_limit_reached(state: JobState, intent: DecisionKind, inst: Optional[In
                 return limit
             continue
         maximum = state.settings.flag_value(limit.flag)
-        if limit.kind is LimitKind.MAX_RATIO and maximum < 0:
-            continue  # -1 switches the ratio off
-        value = counter_value(state, limit, inst, signature)
+        if maximum < 0:
+            continue  # -1 switches the limit off
+        value = counter_value(state, limit, intent, inst, signature, now, source)
         if value is not None and value > maximum:
             return limit
     return None

@@ -56,6 +56,12 @@ class InstanceState:
     # Whether this incarnation has printed a line (or called the SDK) yet:
     # before that, silence is judged against the start-up allowance.
     spoke: bool = False
+    # engine/progress.py: the highest step this instance reported, that
+    # step when its incarnation began, and its restarts in a row that made
+    # no progress (Async instance restarts).
+    best_step: int = -1
+    best_at_start: int = -1
+    no_progress_restarts: int = 0
 
     @property
     def name(self) -> str:
@@ -127,6 +133,12 @@ class JobState:
     advised_timeouts: set = dataclasses.field(default_factory=set)
     spot: Optional[SpotState] = None
     pending_failures: Optional[PendingFailures] = None
+    # engine/progress.py: the highest step the job reported (-1: it never
+    # reports), that step when the round began, and the job restarts in a
+    # row that made no progress.
+    best_step: int = -1
+    round_best_at_start: int = -1
+    no_progress_restarts: int = 0
 
     @property
     def finished(self) -> bool:

@@ -102,10 +102,10 @@ class VirtualCluster:
                                         start=start, exit_code=code))
 
     def sdk(self, name: str, op: SdkOp, *, content: str = "", keywords: tuple[str, ...] = (),
-            interval: Optional[int] = None) -> list[Decision]:
+            interval: Optional[int] = None, step: Optional[int] = None) -> list[Decision]:
         round_, start = self._where(name)
         return self.feed(SdkMessage(job_id=self.job_id, time=self.now, instance=name, round=round_, start=start,
-                                    op=op, content=content, keywords=keywords, interval=interval))
+                                    op=op, content=content, keywords=keywords, interval=interval, step=step))
 
     def node_lost(self, name: str) -> list[Decision]:
         """The node of this instance is lost; every instance there is named.

@@ -180,6 +180,13 @@ class _PackBuilder:
                 if isinstance(window, bool) or not 0 <= window <= 600:
                     raise fields.error(name, f"{name} must be from 0 to 600 seconds")
                 self.settings[name] = float(window)
+        run_s = fields.get("progress_min_run_s", (int, float), None)
+        if run_s is not None:
+            if isinstance(run_s, bool) or not 1 <= run_s <= 30 * 24 * 3600:
+                raise fields.error("progress_min_run_s", "progress_min_run_s must be from 1 to 2592000 seconds",
+                                   hint="how long a round of a job that never reports its progress must run "
+                                        "for its restart to count as progress")
+            self.settings["progress_min_run_s"] = float(run_s)
         lexical = fields.get("lexical", dict, None)
         if lexical is not None:
             self.settings["lexical"] = lexical_setting(Fields(lexical, fields.path, "settings.lexical",
@@ -209,6 +216,7 @@ class _PackBuilder:
             unknown_restarts=self.settings.get("unknown_restarts", 1),
             attribution_window_s=self.settings.get("attribution_window_s", 5.0),
             platform_notice_window_s=self.settings.get("platform_notice_window_s", 5.0),
+            progress_min_run_s=self.settings.get("progress_min_run_s", 1800.0),
             lexical=self.settings.get("lexical"),
         )
 

@@ -136,6 +136,8 @@ class Counter(str, enum.Enum):
     INSTANCE_RESTARTS = "instance_restarts"  # restarts of the failed instance, including this one
     SAME_ERROR = "same_error"  # occurrences of this error on this instance, including this one
     FAILED_INSTANCE_RATIO = "failed_instance_ratio"  # distinct failed instances of `roles` / their count
+    # restarts in a row that made no progress, including this one (engine/progress.py)
+    NO_PROGRESS_RESTARTS = "no_progress_restarts"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +189,9 @@ class RulePack:
     # scheduler's word that it preempted the job (engine/preemption.py)
     # before it is judged as a failure.
     platform_notice_window_s: float = 5.0
+    # A job that never reports its progress (SDK report_progress) made
+    # progress in a round that ran this long (engine/progress.py).
+    progress_min_run_s: float = 1800.0
     # What the words of a tail say, learned from real failures
     # (evidence/lexical.py); weighed where the catalogue has only weak
     # evidence. None: the catalogue alone.

@@ -16,6 +16,7 @@ expected decision must happen: an empty ``expect`` asserts silence.
         events:
           - {at: 10, log: worker-0, text: "step 1"}
           - {at: 20, sdk: worker-1, hang_interval: 180}
+          - {at: 25, sdk: worker-0, progress: 100}     # report_progress(100)
           - {at: 30, exit: worker-1, code: 1, tail: ["RuntimeError: NCCL error"]}
           - {at: 31, exit: worker-0, code: 143, stale: true}   # from before the restart
         expect:
@@ -194,14 +195,19 @@ def _parse_event(path: Path, raw: Any, line: int) -> TimelineEvent:
         # From the incarnation before the current one (e.g. a process being stopped).
         extra["stale"] = fields.get("stale", bool, False)
     else:
-        ops = [k for k in ("message", "keywords", "hang_interval") if k in fields.mapping]
+        ops = [k for k in ("message", "keywords", "hang_interval", "progress") if k in fields.mapping]
         if len(ops) != 1:
-            raise fields.error(None, "an sdk event needs exactly one of: message, keywords, hang_interval")
+            raise fields.error(None, "an sdk event needs exactly one of: message, keywords, hang_interval, progress")
         op = ops[0]
         if op == "message":
             extra["message"] = fields.get("message", str)
         elif op == "keywords":
             extra["keywords"] = tuple(str(k) for k in fields.get("keywords", list))
+        elif op == "progress":
+            step = fields.get("progress", int)
+            if isinstance(step, bool) or step < 0:
+                raise fields.error("progress", "'progress' is the step the job reports: an integer from 0")
+            extra["progress"] = step
         else:
             value = fields.get("hang_interval", (int, str))
             if isinstance(value, str) and value != "default":
@@ -291,6 +297,8 @@ def _play(cluster: VirtualCluster, event: TimelineEvent, spot: Optional[dict] = 
         cluster.sdk(event.instance, SdkOp.CUSTOM_MESSAGE, content=f["message"])
     elif "keywords" in f:
         cluster.sdk(event.instance, SdkOp.SET_RETRYABLE_ERRORS, keywords=f["keywords"])
+    elif "progress" in f:
+        cluster.sdk(event.instance, SdkOp.REPORT_PROGRESS, step=f["progress"])
     else:
         cluster.sdk(event.instance, SdkOp.SET_HANG_INTERVAL, interval=f["hang_interval"])
     return ""

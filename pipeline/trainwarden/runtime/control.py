@@ -173,8 +173,12 @@ class PendingReply:
 class ControlServer:
     def __init__(self, deliver: Callable[[PendingReply], None],
                  on_refused: Callable[[str, bytes], None] = lambda reason, raw: None,
-                 path: Optional[Path] = None):
+                 path: Optional[Path] = None, adopts: bool = False):
         self._deliver = deliver
+        # Incarnations started elsewhere (Slurm tasks) are made known only
+        # once their process runs (accept_token): until then a call from an
+        # unknown process may be theirs, and waits for the adoption too.
+        self._adopts = adopts
         self._on_refused = on_refused
         self._incarnations: dict[str, Incarnation] = {}  # marker -> incarnation
         self._roots: dict[str, _Root] = {}  # marker -> root process, once started
@@ -273,7 +277,8 @@ class ControlServer:
 
     def _attribute_waiting(self, pid: int) -> Optional[tuple[str, Incarnation]]:
         """As ``attribute``, waiting a moment while some incarnation is still
-        being started: its first call can come before its pid is bound."""
+        being started (or, where tasks started elsewhere are adopted, may
+        be): its first call can come before its pid is bound."""
         deadline = now() + BIND_WAIT_S
         while True:
             found = self.attribute(pid)
@@ -282,7 +287,7 @@ class ControlServer:
             with self._changed:
                 unbound = set(self._incarnations) - set(self._roots)
                 left = deadline - now()
-                if not unbound or left <= 0:
+                if not (unbound or self._adopts) or left <= 0:
                     return None
                 self._changed.wait(min(left, 0.5))
 
@@ -312,7 +317,7 @@ class ControlServer:
         message = SdkMessage(
             job_id=who.job_id, time=now(), instance=who.instance, round=who.round, start=who.start,
             op=SdkOp(body["op"]), content=body.get("content", ""),
-            keywords=tuple(body.get("errors", ())), interval=body.get("interval"),
+            keywords=tuple(body.get("errors", ())), interval=body.get("interval"), step=body.get("step"),
         )
         if stopping and message.op is SdkOp.SET_HANG_INTERVAL:
             return True, "ignored: this instance is being stopped"

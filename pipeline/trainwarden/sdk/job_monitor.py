@@ -7,6 +7,7 @@
         print(st.to_string())
     monitor.set_retryable_errors(["connect timeout", "error_yyy"])
     monitor.reset_config(job_hang_interval=10)
+    monitor.report_progress(step)   # how far the job got: a restart that gets no further is a crash loop
 
     @jm.hang_detect(180)   # this function's scope only
     def train(): ...
@@ -88,6 +89,17 @@ class Monitor:
         if not keywords:
             return Status(False, "errors must be a list of non-empty strings")
         return self._call("set_retryable_errors", errors=keywords)
+
+    def report_progress(self, step: int) -> Status:
+        """Says how far the job got (a step, an iteration, the number of the
+        last checkpoint saved). A restart after which the job reports no
+        higher step before failing again made no progress; after
+        --max-num-of-no-progress-restart of those in a row the job fails."""
+        try:
+            step = protocol.check_step(step)
+        except protocol.ProtocolError as exc:
+            return Status(False, str(exc))
+        return self._call("report_progress", step=step)
 
     def reset_config(self, params: Optional[dict] = None, **kwargs: Any) -> Status:
         merged = dict(params or {})

@@ -13,6 +13,7 @@ of the same user could read from /proc; it is refused):
 Request:  {"v": 2, "op": "custom_message", "content": "..."}
           {"v": 2, "op": "set_retryable_errors", "errors": ["..."]}
           {"v": 2, "op": "set_hang_interval", "interval": 180 | -1 | null}
+          {"v": 2, "op": "report_progress", "step": 1200}
 Response: {"ok": true, "detail": "..."} or {"ok": false, "error": "..."}
 
 Only the standard library: this module is imported inside training code.
@@ -28,9 +29,12 @@ MAX_CONTENT_CHARS = 16 * 1024
 MAX_KEYWORDS = 100
 MAX_KEYWORD_CHARS = 256
 MAX_INTERVAL_S = 30 * 24 * 3600
+# JSON numbers past 2**53 are not exact in every reader.
+MAX_STEP = 2**53
 
 # Each op and the one field it carries besides "v" and "op".
-OP_FIELDS = {"custom_message": "content", "set_retryable_errors": "errors", "set_hang_interval": "interval"}
+OP_FIELDS = {"custom_message": "content", "set_retryable_errors": "errors", "set_hang_interval": "interval",
+             "report_progress": "step"}
 OPS = tuple(OP_FIELDS)
 # reset_config / Config(**params) accept these names; both set the calling
 # instance's hang interval.
@@ -52,6 +56,17 @@ def check_interval(value: object) -> int | None:
     if value == -1 or 1 <= value <= MAX_INTERVAL_S:
         return value
     raise ProtocolError(f"a hang interval must be from 1 to {MAX_INTERVAL_S} seconds or -1 (off), not {value}")
+
+
+def check_step(value: object) -> int:
+    """A progress step from user code: an integer from 0 to MAX_STEP."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError(f"a progress step must be an integer, not {value!r}")
+    if 0 <= value <= MAX_STEP:
+        return value
+    raise ProtocolError(f"a progress step must be from 0 to {MAX_STEP}, not {value}")
 
 
 def interval_from_config(params: dict) -> tuple[bool, int | None]:
@@ -115,6 +130,8 @@ def decode_request(line: bytes) -> dict:
             raise ProtocolError(f"at most {MAX_KEYWORDS} keywords of at most {MAX_KEYWORD_CHARS} characters")
     elif op == "set_hang_interval":
         body["interval"] = check_interval(body.get("interval"))
+    elif op == "report_progress":
+        body["step"] = check_step(body.get("step"))
     else:
         raise ProtocolError(f"unknown op {op!r}; known: {', '.join(OPS)}")
     return body

@@ -100,7 +100,8 @@ class Agent:
         self.counters = AgentCounters()
         self.inbox = Inbox()
         self.control = ControlServer(deliver=self.inbox.put,
-                                     on_refused=lambda reason, raw: self.inbox.put(("refused", reason, raw)))
+                                     on_refused=lambda reason, raw: self.inbox.put(("refused", reason, raw)),
+                                     adopts=slurm_dir is not None)
         self.sdk_path = sdk_import_dir(self.log_dir / ".sdk")
         self.runtimes: dict[str, LocalRuntime] = {}
         self.running: dict[tuple[str, str], _Running] = {}

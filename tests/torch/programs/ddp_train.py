@@ -5,7 +5,10 @@ Deterministic: the data of each step depends only on the step and the rank,
 so a run that resumes from its checkpoint ends with the same weights as a
 fault-free run. Rank 0 writes the result to --result.
 
-    python ddp_train.py --result out.json [--fault F --fault-rank R --fault-step S]
+    python ddp_train.py --result out.json [--fault F --fault-rank R --fault-step S] [--report-progress]
+
+--report-progress: rank 0 tells Trainwarden the step of every checkpoint it
+saves (the SDK's report_progress).
 
 Faults (in the first round only unless said otherwise):
     user_exception      a ValueError in the training code
@@ -15,6 +18,10 @@ Faults (in the first round only unless said otherwise):
     early_exit          the rank exits 0 early; the others lose it
     kill_in_collective  the rank is SIGKILLed in the middle of a large all_reduce
     slow_start          every rank takes --slow-start-s before its first line
+    wrong_world         every round: the process group is asked for one rank more than
+                        the job has (a configuration error); gloo's store times out in 3 s
+    sigkill_each_round  rounds 0 to 2: the rank SIGKILLs itself 6 steps further each
+                        round (past the checkpoint the round resumed from)
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -44,8 +52,11 @@ def log(text: str) -> None:
     print(f"{text} rank={RANK} round={ROUND} t={time.time():.3f}", flush=True)
 
 
-def process_group() -> None:
-    if "TORCHELASTIC_RUN_ID" in ENV and "TRAINWARDEN_JOB_ID" not in ENV:
+def process_group(fault: str) -> None:
+    if fault == "wrong_world":
+        dist.init_process_group("gloo", init_method="env://", world_size=WORLD + 1, rank=RANK,
+                                timeout=timedelta(seconds=3))
+    elif "TORCHELASTIC_RUN_ID" in ENV and "TRAINWARDEN_JOB_ID" not in ENV:
         # Stock torchrun restarts keep MASTER_PORT; gloo's connectFullMesh then
         # meets the previous attempt's addresses in the store. A prefix per
         # attempt is the known workaround.
@@ -80,13 +91,22 @@ def main() -> int:
     parser.add_argument("--slow-start-s", type=float, default=0.0)
     parser.add_argument("--checkpoint-dir", default=ENV.get("TRAINWARDEN_CHECKPOINT_DIR", ""))
     parser.add_argument("--result", required=True)
+    parser.add_argument("--report-progress", action="store_true")
     args = parser.parse_args()
 
     fault = args.fault
-    here = RANK == args.fault_rank and (ROUND == 0 or fault == "shape_error")
+    here = RANK == args.fault_rank and (ROUND == 0 or fault == "shape_error"
+                                        or (fault == "sigkill_each_round" and ROUND < 3))
+    fault_step = args.fault_step + (6 * ROUND if fault == "sigkill_each_round" else 0)
+    monitor = None
+    if args.report_progress and RANK == 0:
+        from trainwarden.sdk import job_monitor
+
+        monitor = job_monitor.Monitor()
     if fault == "slow_start" and ROUND == 0:
         time.sleep(args.slow_start_s)
-    process_group()
+    log("starting")
+    process_group(fault)
     log("process group ready")
 
     torch.manual_seed(0)
@@ -102,7 +122,7 @@ def main() -> int:
         log(f"resumed from step {start}")
 
     for step in range(start, args.steps):
-        if here and step == args.fault_step:
+        if here and step == fault_step:
             inject(fault, step)
         if fault == "kill_in_collective" and ROUND == 0 and step == args.fault_step:
             # Every rank enters a large all_reduce (about 80 MB); the fault rank dies inside it.
@@ -118,6 +138,10 @@ def main() -> int:
             tmp = checkpoint + ".tmp"
             torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
             os.replace(tmp, checkpoint)
+            if monitor is not None:
+                status = monitor.report_progress(step)
+                if not status.ok():
+                    log(f"report_progress failed: {status.to_string()}")
         dist.barrier()  # the checkpoint is on disk before anyone goes further
         time.sleep(args.step_s)
 
@@ -137,7 +161,7 @@ def inject(fault: str, step: int) -> None:
     if fault == "shape_error":
         atexit.register(time.sleep, 2.0)  # a metrics logger flushing on exit
         nn.Linear(16, 4)(torch.randn(8, 8))
-    if fault == "sigkill":
+    if fault in ("sigkill", "sigkill_each_round"):
         os.kill(os.getpid(), signal.SIGKILL)
     if fault == "hang":
         load_next_shard(3600)
