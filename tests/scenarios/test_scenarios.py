@@ -149,6 +149,32 @@ def test_a_c4d_line_the_job_prints_itself_is_recorded_and_decides_nothing(runtim
     _same_rows_everywhere("untrusted c4d", runtime, outcome.rows())
 
 
+def test_a_job_that_reports_progress_through_the_sdk_is_restarted_after_every_round_that_got_further(
+        runtime, tmp_path, job_id):
+    # Not one restart without progress is allowed; rank 0's reports make each one progress.
+    outcome = run(runtime, tmp_path, job(job_id, tmp_path,
+                                         "--enable-job-restart=True --max-num-of-no-progress-restart=0",
+                                         "--report-progress", "--fail-rank", "1", "--fail-at-step", "2",
+                                         "--fail-rounds", "2", "--fail-message", NCCL, "--steps", "40",
+                                         "--step-s", "0.05"))
+    assert outcome.succeeded, [(r["round"], r["action"], r["reason"], r["error_message"]) for r in outcome.faults]
+    assert [(r["action"], r["reason"]) for r in _done(outcome)] == [("restart_job", "retryable_failure")] * 2
+    refused = [(line.instance, line.round, line.text) for line in outcome.lines
+               if line.text.startswith("report_progress:")]
+    assert not refused, refused
+    _same_rows_everywhere("progress reported", runtime, outcome.rows())
+
+
+def test_a_crash_loop_that_reports_no_progress_ends_at_the_no_progress_limit(runtime, tmp_path, job_id):
+    outcome = run(runtime, tmp_path, job(job_id, tmp_path,
+                                         "--enable-job-restart=True --max-num-of-no-progress-restart=0",
+                                         "--fail-rank", "1", "--fail-at-step", "2", "--fail-message", NCCL))
+    assert not outcome.succeeded
+    [record] = _done(outcome)
+    assert (record["action"], record["reason"], record["instance_name"]) == ("fail_job", "no_progress", "worker-1")
+    _same_rows_everywhere("no progress", runtime, outcome.rows())
+
+
 def test_a_keyword_set_through_the_sdk_makes_a_user_error_retryable(runtime, tmp_path, job_id):
     outcome = run(runtime, tmp_path, job(job_id, tmp_path, "--enable-job-restart=True", "--keyword",
                                          "CUSTOM-FLAKE-42", "--fail-rank", "1", "--fail-at-step", "1",

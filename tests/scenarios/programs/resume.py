@@ -61,6 +61,11 @@ def main() -> None:
     p.add_argument("--fail-start", type=int, default=None,
                    help="fail only in this incarnation of the instance (a restart alone keeps the round)")
     p.add_argument("--fail-message", default="")
+    p.add_argument("--fail-rounds", type=int, default=1,
+                   help="fail in rounds --fail-round to --fail-round + N - 1")
+    p.add_argument("--report-progress", action="store_true",
+                   help="rank 0 reports every step it saved through the SDK; the failing rank fails only "
+                        "once rank 0 has reported in its round")
     p.add_argument("--hang-round", type=int, default=-1)
     p.add_argument("--hang-at-step", type=int, default=2)
     p.add_argument("--keyword", default="")
@@ -99,8 +104,12 @@ def main() -> None:
         print(f"keywords {monitor.set_retryable_errors([a.keyword]).to_string()}", flush=True)
     while step < a.steps:
         print(f"step {step}", flush=True)
-        if (RANK == a.fail_rank and ROUND == a.fail_round and step == a.fail_at_step
-                and a.fail_start in (None, START)):
+        if (RANK == a.fail_rank and a.fail_round <= ROUND < a.fail_round + a.fail_rounds
+                and step >= a.fail_at_step and a.fail_start in (None, START)):
+            marker = directory.parent / f"reported-round-{ROUND}"
+            waited = time.monotonic()
+            while a.report_progress and not marker.exists() and time.monotonic() - waited < 20:
+                time.sleep(0.05)
             print(a.fail_message, file=sys.stderr, flush=True)
             sys.exit(1)
         if ROUND == a.hang_round and step == a.hang_at_step:
@@ -113,6 +122,11 @@ def main() -> None:
         if a.message and RANK == 0 and ROUND == 0 and step == a.fail_at_step:
             print(f"message {monitor.send_custom_message(content=a.message).to_string()}", flush=True)
         save(step)
+        if a.report_progress and RANK == 0:  # the checkpoint just saved is how far the job got
+            status = monitor.report_progress(step)
+            if not status.ok():
+                print(f"report_progress: {status.to_string()}", flush=True)
+            (directory.parent / f"reported-round-{ROUND}").touch()
         step += 1
         time.sleep(a.step_s)
     print(f"done {NAME}", flush=True)
