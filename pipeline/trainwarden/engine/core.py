@@ -34,6 +34,7 @@ from trainwarden.events import (
     Tick,
 )
 from trainwarden.rules.model import RulePack
+from trainwarden.sdk.protocol import MAX_STEP
 from trainwarden.settings import JobSettings, SettingsError, parse_args_string
 
 MAX_KEYWORDS = 1000
@@ -147,7 +148,8 @@ def _on_sdk(state: JobState, event: SdkMessage, now: float) -> list[Decision]:
                               message=event.content, category="custom_message", detected_at=event.time)]
     if op is SdkOp.REPORT_PROGRESS:
         inst = state.current(event.instance, event.round, event.start)
-        if inst is not None and event.step is not None:
+        # From the bus: a step out of the SDK's range is not the SDK's.
+        if inst is not None and event.step is not None and 0 <= event.step <= MAX_STEP:
             inst.spoke = True
             progress.note_progress(state, inst, event.step)
         return []
