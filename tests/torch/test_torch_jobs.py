@@ -176,6 +176,7 @@ def test_a_configuration_error_that_times_out_like_a_transient_fault_ends_after_
     records = history(job_id, "--wide")
     assert {r["category"] for r in records} == {"rendezvous"}, records
     assert "DistStoreError" in records[-1]["error_message"], records[-1]
+    assert "crash loop" in result.err and "report_progress" in result.err, result.err[-2000:]
 
 
 def test_a_job_that_reports_its_progress_is_restarted_by_the_round_and_ends_as_a_fault_free_run(

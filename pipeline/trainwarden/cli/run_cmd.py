@@ -13,6 +13,7 @@ from trainwarden.cli.output import ConsoleReporter, err_console, fail
 from trainwarden.cli.stores import store_target
 from trainwarden.cli.notify_cmd import notify_options
 from trainwarden.diagnose.collect import tool_order
+from trainwarden.events import Reason
 from trainwarden.jobspec import from_command, load_job_file, parse_preload
 from trainwarden.notify.queue import QueueError
 from trainwarden.rules.loader import load_rules
@@ -116,6 +117,10 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
                       + f"; {result.rounds} job restarts{extra}. "
                       + f"History: trainwarden history --job {result.job_id}"
                       + (f" --store {store_dir}" if args.store else ""))
+    if result.reason == Reason.NO_PROGRESS.value:
+        err_console.print("trainwarden ▸ every restart failed again before the job got further (a crash loop); "
+                          "if it was making progress, say so with the SDK's monitor.report_progress(step), "
+                          "or raise --max-num-of-no-progress-restart", markup=False)
     return result.exit_code
 
 
