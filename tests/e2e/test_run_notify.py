@@ -106,7 +106,9 @@ def test_a_job_failing_50_times_produces_a_bounded_number_of_messages_that_count
         cli, job_id, receiver, tmp_path):
     hook = receiver()
     directory = write_subscriptions(tmp_path, hook.url, '["job.*"]')  # at most one message a minute per type
-    result = run_behave(cli, job_id, "--enable-job-restart=True --max-num-of-job-restart=50 --max-num-of-same-error=100",
+    # A crash loop on purpose: the no-progress guard is off, so that all 50 failures happen.
+    result = run_behave(cli, job_id, "--enable-job-restart=True --max-num-of-job-restart=50 --max-num-of-same-error=100 "
+                        "--max-num-of-no-progress-restart=-1",
                         "--fail-rank", "0",
                         "--fail-at-step", "0", "--fail-message", NCCL, nproc=1, timeout=240,
                         extra=notify_flags(tmp_path, directory), env=ENV)
