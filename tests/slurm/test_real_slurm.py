@@ -206,9 +206,10 @@ def test_requeue_now_excluding_a_node_then_cancel(cli, work):
     bad = first.nodes[0]
     t0 = time.monotonic()
     cli.requeue_now(job_id, exclude=[bad])
-    # Well under Slurm's own ~120 s hold; the next scheduling pass after the
-    # old allocation has completed (~3 s idle, longer on a loaded host).
-    again = running(cli, job_id, timeout_s=40)
+    # Under Slurm's own ~120 s hold. The next scheduling pass after the old
+    # allocation has completed starts it (~3 s idle); on a loaded host that
+    # pass can miss the freed nodes and wait for the periodic one (60 s).
+    again = running(cli, job_id, timeout_s=90)
     print(f"requeue_now -> RUNNING {time.monotonic() - t0:.2f}s")
     assert bad not in again.nodes and len(again.nodes) == 2
     assert again.excluded == (bad,)
