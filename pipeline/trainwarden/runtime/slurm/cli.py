@@ -50,6 +50,11 @@ INSTALL_HINT = "apt-get install -y slurm-wlm slurmctld slurmd slurm-client munge
 HOLDER_SCRIPT = "exec sleep infinity"
 # The per-task output file of a step; task.py and files.py name it the same way.
 STEP_OUTPUT = "%j-step%s-task%t.out"
+# A requeue revokes the job's credential on its nodes; a slurmd refuses a
+# new credential of the same job created within the same second ("Job
+# credential revoked": the batch step is killed and the job ends). Slurm's
+# own ~120 s hold avoids it; a requeue that starts at once waits this long.
+REVOKE_SETTLE_S = 2.0
 
 
 class SlurmError(RuntimeError):
@@ -297,6 +302,7 @@ class SlurmCli:
         exclude: nodes the job must not get again (ExcNodeList, set while it
         is pending). Returns the job as it is once the update was accepted.
         """
+        requeued_at = time.monotonic()
         self.run(["scontrol", "requeue", str(job_id)])
 
         def pending() -> Optional[SlurmJob]:
@@ -307,6 +313,9 @@ class SlurmCli:
 
         # A StartTime sent while the job is still COMPLETING is overwritten by the requeue's hold.
         self.wait_for(pending, timeout_s, interval_s=0.05, what=f"the requeued job {job_id} becoming PENDING")
+        settle = REVOKE_SETTLE_S - (time.monotonic() - requeued_at)
+        if settle > 0:
+            time.sleep(settle)
         update = ["scontrol", "update", f"jobid={job_id}"]
         if exclude:
             update.append(f"ExcNodeList={compress_hostlist(list(exclude))}")
