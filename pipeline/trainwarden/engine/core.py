@@ -226,7 +226,8 @@ def _on_diagnosis(state: JobState, event: Diagnosis, now: float) -> list[Decisio
                                            signature=f"c4d:{event.kind}", category=event.kind,
                                            detected_at=event.time, node=event.node))
         if rule.action is DecisionKind.RESTART_JOB:
-            kind, reason, name = guarded(state, DecisionKind.RESTART_JOB, rule.reason, rule.name, None, now, ErrorSource.C4D)
+            kind, reason, name = guarded(state, DecisionKind.RESTART_JOB, rule.reason, rule.name, None, now,
+                                         ErrorSource.C4D)
             decisions.append(make_decision(state, kind, reason, name, now, fault_key=key, source=ErrorSource.C4D,
                                            message=message, signature=f"c4d:{event.kind}",
                                            category=event.kind, detected_at=event.time, node=event.node))

@@ -36,6 +36,11 @@ JOB_FAULTS = frozenset({ErrorSource.INSTANCE_EXIT, ErrorSource.HANG, ErrorSource
 __all__ = ["made_progress", "no_progress_count", "note_progress", "note_restart"]
 
 
+def _alone(intent: DecisionKind, inst: Optional[InstanceState]) -> bool:
+    """Whether the restart ends one instance's incarnation rather than the round."""
+    return intent is DecisionKind.RESTART_INSTANCE and inst is not None
+
+
 def _round_run_s(state: JobState, now: float) -> float:
     started = [i.started_at for i in state.instances.values() if i.status is not InstanceStatus.PENDING]
     return now - min(started) if started else 0.0
@@ -43,7 +48,7 @@ def _round_run_s(state: JobState, now: float) -> float:
 
 def made_progress(state: JobState, intent: DecisionKind, inst: Optional[InstanceState], now: float) -> bool:
     """Whether what ``intent`` would end (the round, or ``inst``'s incarnation) got the job further."""
-    if intent is DecisionKind.RESTART_INSTANCE and inst is not None:
+    if _alone(intent, inst):
         if inst.best_step >= 0:
             return inst.best_step > inst.best_at_start
         if inst.status is InstanceStatus.PENDING:
@@ -60,8 +65,7 @@ def no_progress_count(state: JobState, intent: DecisionKind, inst: Optional[Inst
     asks for if a fault of the job's own ends it (0 if it made progress)."""
     if made_progress(state, intent, inst, now):
         return 0
-    job_level = not (intent is DecisionKind.RESTART_INSTANCE and inst is not None)
-    count = state.no_progress_restarts if job_level else inst.no_progress_restarts
+    count = inst.no_progress_restarts if _alone(intent, inst) else state.no_progress_restarts
     return count + 1 if source in JOB_FAULTS else count
 
 
@@ -76,7 +80,7 @@ def note_restart(state: JobState, kind: DecisionKind, source: Optional[ErrorSour
                  now: float) -> None:
     """Before a restart is applied: count it, and start measuring the next round or incarnation."""
     count = no_progress_count(state, kind, inst, now, source)
-    if kind is DecisionKind.RESTART_INSTANCE and inst is not None:
+    if _alone(kind, inst):
         inst.no_progress_restarts = count
         inst.best_at_start = inst.best_step
         return

@@ -89,7 +89,8 @@ def check_silence(state: JobState, detector: Detector, now: float) -> list[Decis
     if mute:
         message += (f"; {len(mute)} never printed a line within the start-up allowance "
                     f"({detector.startup_allowance_s} s): {', '.join(mute[:5])}" + (" ..." if len(mute) > 5 else ""))
-    kind, reason, rule = guarded(state, detector.action, detector.reason, detector.name, None, now, detector.error_source)
+    kind, reason, rule = guarded(state, detector.action, detector.reason, detector.name, None, now,
+                                 detector.error_source)
     return [make_decision(state, kind, reason, rule, now, fault_key=(detector.name, state.round),
                           source=detector.error_source, message=message, signature=detector.name,
                           category="hang", classifier=detector.name)]
@@ -105,7 +106,8 @@ def check_exit_hang(state: JobState, detector: Detector, now: float) -> list[Dec
     unfinished = [i.name for i in state.instances.values() if i.status is not InstanceStatus.SUCCEEDED]
     message = (f"the job has not finished {waited:.0f} s after an instance exited successfully; "
                f"still running: {', '.join(unfinished[:10])}" + (" ..." if len(unfinished) > 10 else ""))
-    kind, reason, rule = guarded(state, detector.action, detector.reason, detector.name, None, now, detector.error_source)
+    kind, reason, rule = guarded(state, detector.action, detector.reason, detector.name, None, now,
+                                 detector.error_source)
     return [make_decision(state, kind, reason, rule, now, fault_key=(detector.name, state.round),
                           source=detector.error_source, message=message, signature=detector.name,
                           category="exit_hang", classifier=detector.name)]
