@@ -87,19 +87,47 @@ def test_an_unsigned_message_is_dead_lettered_as_unsigned_and_the_one_behind_it_
                                                                      "unsigned: the message carries no signature")
 
 
-def test_an_unsigned_log_line_as_vector_ships_it_is_taken_but_a_badly_signed_one_is_not():
+LINE = b'{"v":1,"type":"log_line","job_id":"j1","instance":"worker-0","round":0,"start":0,"node":"n1",' \
+       b'"time":1.0,"stream":"stdout","text":"step 1"}'
+
+
+def test_an_unsigned_log_line_is_dead_lettered_as_unsigned_like_any_other_unsigned_message():
     memory = _memory()
     bus = _signed(memory)
-    line = b'{"v":1,"type":"log_line","job_id":"j1","instance":"worker-0","round":0,"start":0,"node":"n1",' \
-           b'"time":1.0,"stream":"stdout","text":"step 1"}'
-    memory.producer().send(LOGS, "j1", line)  # as Vector ships it
-    _signed(memory, K2).producer().send(LOGS, "j1", line)  # signed, but with a key this consumer does not hold
+    memory.producer().send(LOGS, "j1", LINE)  # anyone who can produce to the topic, claiming to be an agent
+    bus.producer().send(LOGS, "j1", LINE.replace(b"step 1", b"step 2"))  # an agent's, signed
     records = _read(bus, (LOGS,))
-    assert [r.value for r in records] == [line]
+    assert [decode(LOGS, r.value).text for r in records] == ["step 2"]
+    assert bus.counters.unsigned == 1
+    [letter] = _letters(memory)
+    assert letter["topic"] == LOGS and letter["error"].startswith("unsigned: the log message carries no signature")
+    assert "TRAINWARDEN_ACCEPT_UNSIGNED_LOGS=1" in letter["error"]
+
+
+def test_unsigned_log_lines_as_vector_ships_them_are_taken_only_where_accepted_and_nothing_else_unsigned_is():
+    memory = _memory()
+    bus = SigningBus(memory, SigningConfig(K1, accept_unsigned_logs=True), "processor", Clock())
+    memory.producer().send(LOGS, "j1", LINE)  # as Vector ships it
+    _signed(memory, K2).producer().send(LOGS, "j1", LINE)  # signed, but with a key this consumer does not hold
+    records = _read(bus, (LOGS,))
+    assert [r.value for r in records] == [LINE]
     assert bus.counters.unsigned == 0 and bus.counters.unknown_key_id == 1
     # Everything else that is unsigned stays refused.
-    memory.producer().send(EVENTS, "j1", line)
+    memory.producer().send(EVENTS, "j1", LINE)
     assert _read(bus, (EVENTS,)) == [] and bus.counters.unsigned == 1
+
+
+def test_the_setting_for_unsigned_log_lines_is_read_strictly_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TRAINWARDEN_SIGNING_KEY", SECRET1)
+    monkeypatch.delenv("TRAINWARDEN_SIGNING_KEY_FILE", raising=False)
+    monkeypatch.delenv("TRAINWARDEN_ACCEPT_UNSIGNED_LOGS", raising=False)
+    assert open_bus("memory").config.accept_unsigned_logs is False
+    monkeypatch.setenv("TRAINWARDEN_ACCEPT_UNSIGNED_LOGS", "1")
+    assert open_bus("memory").config.accept_unsigned_logs is True
+    assert open_bus("memory", accept_unsigned_logs=False).config.accept_unsigned_logs is False
+    monkeypatch.setenv("TRAINWARDEN_ACCEPT_UNSIGNED_LOGS", "sometimes")
+    with pytest.raises(ConfigError, match="TRAINWARDEN_ACCEPT_UNSIGNED_LOGS must be 1/true/yes/on"):
+        open_bus("memory")
 
 
 def test_a_changed_value_key_or_topic_breaks_the_signature():
@@ -263,9 +291,27 @@ def test_a_consumer_without_a_key_says_the_message_is_signed():
 # ---------------------------------------------------------------- keyring
 
 
+def _keyfile(directory, text: str, name: str = "keys"):
+    path = directory / name
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644, 0o660, 0o602])
+def test_a_keyring_file_open_to_group_or_others_is_refused_with_the_chmod_to_run(tmp_path, mode):
+    path = _keyfile(tmp_path, f"k1 {SECRET1}\n")
+    path.chmod(mode)
+    with pytest.raises(ConfigError) as caught:
+        load_keyring(str(path))
+    assert str(caught.value) == f"{path}: the signing key file is open to group or others (mode {mode:04o})"
+    assert f"chmod 600 {path}" in caught.value.hint and SECRET1 not in str(caught.value) + caught.value.hint
+    path.chmod(0o400)
+    assert load_keyring(str(path)).ids == ("k1",)
+
+
 def test_a_keyring_file_reads_ids_and_secrets_skipping_comments_and_its_repr_shows_no_secret(tmp_path):
-    path = tmp_path / "keys"
-    path.write_text(f"# new key first\nk2 {SECRET2}\n\n  k1   {SECRET1}  \n")
+    path = _keyfile(tmp_path, f"# new key first\nk2 {SECRET2}\n\n  k1   {SECRET1}  \n")
     keyring = load_keyring(str(path))
     assert keyring.ids == ("k2", "k1") and keyring.signing_id == "k2"
     assert keyring.secret("k1") == SECRET1.encode()
@@ -274,10 +320,9 @@ def test_a_keyring_file_reads_ids_and_secrets_skipping_comments_and_its_repr_sho
 
 
 def test_every_bad_keyring_line_is_one_error_naming_file_and_line_and_none_shows_a_secret(tmp_path):
-    path = tmp_path / "keys"
     short = "s3cr3t-but-short"
-    path.write_text("\n".join([f"k1 {SECRET1}", f"k2 {short}", f"{SECRET2}", f"k3 {SECRET2} extra",
-                               f"-bad {SECRET2}", f"k1 {SECRET2}", f"k4 {SECRET2[:-1]}\u00e9"]) + "\n")
+    path = _keyfile(tmp_path, "\n".join([f"k1 {SECRET1}", f"k2 {short}", f"{SECRET2}", f"k3 {SECRET2} extra",
+                                         f"-bad {SECRET2}", f"k1 {SECRET2}", f"k4 {SECRET2[:-1]}\u00e9"]) + "\n")
     with pytest.raises(ConfigError) as caught:
         load_keyring(str(path))
     lines = str(caught.value).splitlines()
@@ -293,9 +338,8 @@ def test_every_bad_keyring_line_is_one_error_naming_file_and_line_and_none_shows
 
 
 def test_an_empty_or_unreadable_keyring_is_refused(tmp_path):
-    (tmp_path / "empty").write_text("# nothing yet\n")
     with pytest.raises(ConfigError, match="holds no key"):
-        load_keyring(str(tmp_path / "empty"))
+        load_keyring(str(_keyfile(tmp_path, "# nothing yet\n", "empty")))
     with pytest.raises(ConfigError, match="cannot be read"):
         load_keyring(str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="1 fields"):
@@ -308,7 +352,7 @@ def test_keys_from_the_environment_are_checked_and_never_echoed(tmp_path):
     with pytest.raises(ConfigError) as caught:
         keyring_from({"TRAINWARDEN_SIGNING_KEY": "tooshort-secret"})
     assert "15 characters" in str(caught.value) and "tooshort-secret" not in str(caught.value)
-    (tmp_path / "keys").write_text(f"k1 {SECRET1}\n")
+    _keyfile(tmp_path, f"k1 {SECRET1}\n")
     with pytest.raises(ConfigError, match="both"):
         keyring_from({"TRAINWARDEN_SIGNING_KEY": SECRET1}, str(tmp_path / "keys"))
     assert keyring_from({"TRAINWARDEN_SIGNING_KEY_FILE": str(tmp_path / "keys")}).ids == ("k1",)

@@ -54,15 +54,19 @@ def register_transport(scheme: str, factory: Callable[[str], Bus]) -> None:
 
 
 def open_bus(target: str | None = None, *, key_file: str | None = None, trusted_network: bool | None = None,
-             max_age_s: float | None = None, service: str = "trainwarden") -> Bus:
+             max_age_s: float | None = None, service: str = "trainwarden",
+             accept_unsigned_logs: bool | None = None) -> Bus:
     """``memory``, ``kafka://HOST:PORT`` or ``HOST:PORT`` (default: $TRAINWARDEN_KAFKA).
 
     Signed when a key is configured (``key_file``, else the environment:
     $TRAINWARDEN_SIGNING_KEY_FILE or $TRAINWARDEN_SIGNING_KEY); ``service``
     names the dead letters of refused messages. ``trusted_network`` and
     ``max_age_s`` default to $TRAINWARDEN_TRUSTED_NETWORK and
-    $TRAINWARDEN_SIGNING_MAX_AGE. Raises ConfigError for a bad key or a
-    refused network, BusError for an unknown bus."""
+    $TRAINWARDEN_SIGNING_MAX_AGE, ``accept_unsigned_logs`` (unsigned log
+    lines, for Vector) to $TRAINWARDEN_ACCEPT_UNSIGNED_LOGS. Raises
+    ConfigError for a bad key or a refused network, BusError for an unknown
+    bus."""
+    from trainwarden import hardening
     from trainwarden.bus import signing
 
     target = target or os.environ.get("TRAINWARDEN_KAFKA", "")
@@ -71,7 +75,8 @@ def open_bus(target: str | None = None, *, key_file: str | None = None, trusted_
     scheme = target.split("://", 1)[0] if "://" in target else ("memory" if target == "memory" else "kafka")
     if scheme not in _TRANSPORTS:
         raise BusError(f"unknown bus {target!r}.", hint=f"use one of: {', '.join(_TRANSPORTS)}, or HOST:PORT")
-    keyring = signing.keyring_from(os.environ, key_file)
+    # A secret variable taken out of the environment at the start (hardening.py) is still the operator's key.
+    keyring = signing.keyring_from({**os.environ, **hardening.secrets()}, key_file)
     if keyring is None:
         trusted = signing.flag(os.environ, signing.ENV_TRUSTED) if trusted_network is None else trusted_network
         if scheme != "memory" and not trusted and not signing.loopback_only(target):
@@ -79,7 +84,10 @@ def open_bus(target: str | None = None, *, key_file: str | None = None, trusted_
         return _TRANSPORTS[scheme](target)
     if max_age_s is None:
         max_age_s = _max_age_from_env(signing)
-    return signing.SigningBus(_TRANSPORTS[scheme](target), signing.SigningConfig(keyring, max_age_s), service)
+    if accept_unsigned_logs is None:
+        accept_unsigned_logs = signing.flag(os.environ, signing.ENV_ACCEPT_UNSIGNED_LOGS)
+    config = signing.SigningConfig(keyring, max_age_s, accept_unsigned_logs=accept_unsigned_logs)
+    return signing.SigningBus(_TRANSPORTS[scheme](target), config, service)
 
 
 def _max_age_from_env(signing) -> float:

@@ -24,6 +24,7 @@ import os
 import ssl
 from typing import Mapping
 
+from trainwarden import hardening
 from trainwarden.bus.base import BusError
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -145,7 +146,9 @@ class KafkaSecurity:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "KafkaSecurity":
         """From ``environ``; by default this process's environment with the flags given over it."""
         if environ is None:
-            env = dict(os.environ, **{ENV_PREFIX + setting: value for setting, value in _FLAG_VALUES.items()})
+            # With the secret variables a service took out of its environment at the start (hardening.py).
+            env = {**os.environ, **hardening.secrets(),
+                   **{ENV_PREFIX + setting: value for setting, value in _FLAG_VALUES.items()}}
         else:
             env = environ
 

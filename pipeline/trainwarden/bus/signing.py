@@ -6,7 +6,9 @@ checks it before the message can make anything happen (docs/MESSAGES.md,
 ``SigningBus`` wraps any bus: its producers seal each value in an envelope,
 its consumers open the envelopes, dead-letter and count what fails, and hand
 the service only verified messages with the envelope removed. The services
-never see a signature.
+never see a signature. Log lines are no exception: agents sign their batches,
+and unsigned lines (Vector's, which cannot sign) are taken only where
+``accept_unsigned_logs`` says so ($TRAINWARDEN_ACCEPT_UNSIGNED_LOGS).
 
 Replays: a consumer remembers the ids of the messages it accepted (a bounded
 window per topic) and refuses a copy at another offset; a message appended
@@ -36,6 +38,9 @@ ENV_KEY = "TRAINWARDEN_SIGNING_KEY"
 ENV_KEY_FILE = "TRAINWARDEN_SIGNING_KEY_FILE"
 ENV_MAX_AGE = "TRAINWARDEN_SIGNING_MAX_AGE"
 ENV_TRUSTED = "TRAINWARDEN_TRUSTED_NETWORK"
+# Vector ships the agents' log files and cannot sign: its unsigned log lines
+# are taken only where this is set (the processor's --accept-unsigned-logs).
+ENV_ACCEPT_UNSIGNED_LOGS = "TRAINWARDEN_ACCEPT_UNSIGNED_LOGS"
 # The key given in $TRAINWARDEN_SIGNING_KEY has this id: a keyring line
 # "default SECRET" verifies what it signed, which is how to move to a keyring.
 ENV_KEY_ID = "default"
@@ -136,10 +141,16 @@ def parse_keyring(text: str, path: str) -> Keyring:
 def load_keyring(path: str) -> Keyring:
     try:
         with open(path, "rb") as handle:
+            mode = os.fstat(handle.fileno()).st_mode
             raw = handle.read(MAX_KEYRING_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"the signing key file cannot be read ({exc.strerror or exc})", path,
                           hint=f"give a readable file with --signing-key-file or ${ENV_KEY_FILE}") from None
+    if mode & 0o077:
+        # Whoever can read the key can sign commands that every agent runs.
+        raise ConfigError(f"the signing key file is open to group or others (mode {mode & 0o777:04o})", path,
+                          hint=f"chmod 600 {path}: only the services' user may read it (and no job runs as that "
+                               "user: --run-as)")
     if len(raw) > MAX_KEYRING_BYTES:
         raise ConfigError(f"the signing key file is larger than {MAX_KEYRING_BYTES} bytes", path, hint=_KEY_HINT)
     try:
@@ -191,6 +202,8 @@ class SigningConfig:
     keyring: Keyring
     max_age_s: float = DEFAULT_MAX_AGE_S
     window: int = WINDOW_IDS
+    # Unsigned messages on the logs topic are taken (Vector's); every other unsigned message stays refused.
+    accept_unsigned_logs: bool = False
 
 
 # ------------------------------------------------------------- networks
@@ -268,12 +281,17 @@ class Verifier:
         was assigned it, so its age says nothing about a replay."""
         value = record.value
         if not value or not value.startswith(SIGNED_PREFIX):
-            if record.topic == LOGS:
-                # A log line is the job's own text, as untrusted signed as not:
-                # whoever may produce to the topic (the ACLs say who) can do no
-                # more than the job can by printing. Vector, the production
-                # shipper, cannot sign.
+            if record.topic == LOGS and self.config.accept_unsigned_logs:
+                # Vector, which ships the agents' log files, cannot sign. Its
+                # lines count only for an instance that runs on the node they
+                # name (services/processor.py); anyone who may produce to the
+                # topic can still claim that node, hence an explicit setting.
                 return Verdict(record)
+            if record.topic == LOGS:
+                # A line that keeps an instance "alive" is as good as a command
+                # that keeps it from being restarted: only agents, which sign.
+                return Verdict(None, "unsigned", "unsigned: the log message carries no signature (lines shipped by "
+                                                 f"Vector need ${ENV_ACCEPT_UNSIGNED_LOGS}=1 on the processor)")
             return Verdict(None, "unsigned", "unsigned: the message carries no signature")
         match = _HEADER.match(value)
         if match is None or not value.endswith(b"}"):
@@ -485,4 +503,5 @@ def describe(bus) -> str:
     keyring = bus.config.keyring
     count = len(keyring.ids)
     verify = "key id verifies" if count == 1 else "key ids verify"
-    return f"messages signed with key id {keyring.signing_id} ({count} {verify})"
+    unsigned_logs = "; unsigned log lines taken" if bus.config.accept_unsigned_logs else ""
+    return f"messages signed with key id {keyring.signing_id} ({count} {verify}){unsigned_logs}"

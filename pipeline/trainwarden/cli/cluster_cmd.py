@@ -74,12 +74,18 @@ def add_commands(sub) -> None:
                                        "node name)")
     _switch(agent, "--no-ship-logs", help="write output files only, for Vector to ship (lines would otherwise "
                                           "arrive twice)")
+    _option(agent, "--run-as", metavar="USER",
+            help="start the instances as this user (a name or UID[:GID]), with its group and no other: a job "
+                 "must not run as the agent's user, who can read the signing key (the agent runs as root)")
     _service_options(agent)
 
     processor = sub.add_parser("processor", help="run the stream processor: the engine over Kafka", **examples(
         "trainwarden processor --rules /etc/trainwarden/rules --bootstrap kafka:9092",
         "trainwarden processor --metrics-address 0.0.0.0:9464      # then: kill -HUP PID reloads the rules"))
     _option(processor, "--rules", help="rules directory (default: the shipped rules); SIGHUP reloads it")
+    _switch(processor, "--accept-unsigned-logs",
+            help="with a signing key, also take unsigned log lines (Vector ships the agents' files unsigned); a "
+                 "line still counts only for an instance that runs on the node it names")
     _service_options(processor)
 
     actuator = sub.add_parser("actuator", help="run the actuator: places instances, executes decisions",
@@ -314,7 +320,7 @@ def _signing_max_age(text: str) -> float:
 
 def _signing(args: argparse.Namespace) -> dict:
     return {"key_file": args.signing_key_file, "trusted_network": args.trusted_network,
-            "max_age_s": args.signing_max_age}
+            "max_age_s": args.signing_max_age, "accept_unsigned_logs": getattr(args, "accept_unsigned_logs", None)}
 
 
 def dispatch(args: argparse.Namespace, command: list[str]) -> int:
@@ -361,6 +367,9 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
 
         if not 1 <= args.slots <= 4096:
             return fail("--slots must be from 1 to 4096")
+        run_as = _run_as(args.run_as)
+        if isinstance(run_as, int):
+            return run_as
         log_dir = Path(args.log_dir or default_store_dir().parent / f"agent-{args.node}" / "logs")
         refused = c4d_flags_problem(args.c4d_log, args.c4d_socket)
         if refused:
@@ -368,12 +377,13 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
         service = Agent(bus, args.node, args.slots, log_dir, address=args.address, ship_logs=not args.no_ship_logs,
                         c4d_log=Path(args.c4d_log) if args.c4d_log else None,
                         c4d_socket=Path(args.c4d_socket) if args.c4d_socket else None,
-                        slurm_dir=Path(args.slurm_dir) if args.slurm_dir else None)
+                        slurm_dir=Path(args.slurm_dir) if args.slurm_dir else None, run_as=run_as)
         observer.watch(lambda: service.counters, [
             ("agent_instances_running", "Instances this agent runs now.", lambda: len(service.running)),
             ("agent_slots", "Instances this node can run at once.", lambda: service.slots)])
         observer.readiness_check(lambda: directory_writable(log_dir, "the log directory"))
-        label = f"agent {args.node} ({args.slots} slots, logs in {log_dir})"
+        label = f"agent {args.node} ({args.slots} slots, logs in {log_dir}" + (
+            f", instances run as {run_as.describe()})" if run_as else ")")
     elif args.command == "processor":
         from trainwarden.services.processor import Processor
 
@@ -405,6 +415,16 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
         observer.readiness_check(lambda: store_writable(store))
         label = f"actuator (history in {store}" + (f", Slurm jobs in {args.slurm_dir})" if slurm else ")")
     return run.run(service, label, reload)
+
+
+def _run_as(text: str | None):
+    """--run-as's user, None without it, or the exit code of its refusal."""
+    from trainwarden.runtime.run_as import RunAsError, resolve
+
+    try:
+        return resolve(text) if text else None
+    except RunAsError as exc:
+        return fail(str(exc), hint=exc.hint)
 
 
 def _reload_rules(run: ServiceRun, processor, directory: str | None) -> None:

@@ -16,6 +16,7 @@ from trainwarden.cli.completion import SHELLS, script
 from trainwarden.cli.notify_cmd import add_notify_options
 from trainwarden.cli.output import ExamplesFormatter, UsageError, add_output_options, examples, fail
 from trainwarden.events import ErrorSource
+from trainwarden.hardening import protect
 from trainwarden.settings import SettingsError
 from trainwarden.yamlsrc import ConfigError
 
@@ -80,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="modules to import in a standby interpreter per instance, e.g. torch,numpy: every start "
                           "and restart of a Python instance takes a warm standby instead of a fresh interpreter "
                           "(adds to the job file's preload:) [env TRAINWARDEN_PRELOAD]")
+    run.add_argument("--run-as", metavar="USER", default=os.environ.get("TRAINWARDEN_RUN_AS"),
+                     help="start the instances as this user (a name or UID[:GID]), with its group and no other; "
+                          "needs root [env TRAINWARDEN_RUN_AS]")
     run.add_argument("--stack-timeout", type=float, default=float(os.environ.get("TRAINWARDEN_STACK_TIMEOUT", 10)),
                      help="seconds one process's stack dump may take (default 10)")
     add_notify_options(run, drain=True)
@@ -193,6 +197,11 @@ COMMAND_MODULES = (
 )
 
 
+# The long-lived processes that hold the signing key (and a broker password):
+# not dumpable, and no secret left in their environment (hardening.py).
+PROTECTED_COMMANDS = frozenset({"agent", "processor", "actuator", "notifier", "run"})
+
+
 def _command_modules():
     import importlib
 
@@ -275,6 +284,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGHUP, signal.default_int_handler)
     try:
+        if argv is None and args.command in PROTECTED_COMMANDS:
+            # Started from its own command line: it may start itself again
+            # without the secret variables (hardening.py).
+            protect()
         return _dispatch(args, command)
     except SettingsError as exc:
         return fail(str(exc), exc.hint or "see the flag table in the README")

@@ -18,6 +18,8 @@ from trainwarden.jobspec import from_command, load_job_file, parse_preload
 from trainwarden.notify.queue import QueueError
 from trainwarden.rules.loader import load_rules
 from trainwarden.runtime.c4d_source import C4DChannelError, c4d_flags_problem
+from trainwarden.runtime.run_as import RunAsError
+from trainwarden.runtime.run_as import resolve as resolve_run_as
 from trainwarden.services.embedded import HISTORY_WAIT_S, EmbeddedRun
 from trainwarden.settings import parse_args_string
 from trainwarden.spot.market import open_market
@@ -66,6 +68,10 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     refused = c4d_flags_problem(c4d_flags["c4d_log"], c4d_flags["c4d_socket"])
     if refused:
         return fail(*refused)
+    try:
+        run_as = resolve_run_as(args.run_as) if getattr(args, "run_as", None) else None
+    except RunAsError as exc:
+        return fail(str(exc), hint=exc.hint)
     store_dir = store_target(args)
     log_dir = _log_dir(args.log_dir)
     if isinstance(log_dir, int):
@@ -91,7 +97,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     try:
         result = EmbeddedRun(job, pack, writer, reporter, stack_tools=tools, stack_timeout_s=args.stack_timeout,
                              **c4d_flags, notify=notify, market=market, spot=bids, log_dir=log_dir,
-                             history_wait_s=history_wait).run()
+                             history_wait_s=history_wait, run_as=run_as).run()
     except QueueError as exc:
         return fail(str(exc), hint="give this run its own --notify-dir, or wait for the other one to finish")
     except C4DChannelError as exc:

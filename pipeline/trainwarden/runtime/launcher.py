@@ -19,6 +19,7 @@ from trainwarden.runtime.base import Capability
 from trainwarden.runtime.control import ControlServer, Incarnation
 from trainwarden.runtime.environment import free_port, instance_env, job_env, sdk_import_dir
 from trainwarden.runtime.local import LocalRuntime
+from trainwarden.runtime.run_as import RunAs, share_sdk_path
 
 MASTER_ADDR = "127.0.0.1"
 
@@ -32,18 +33,22 @@ class LocalJobRunner:
     def __init__(self, job: JobDefinition, sink: Callable[[Event], None], control: ControlServer, node: str,
                  run_dir: Path | None = None, line_sink: Callable[[Event, float], bool] | None = None,
                  reports=None, stack_tools: Sequence[str] = DEFAULT_TOOLS,
-                 stack_timeout_s: float = DEFAULT_TIMEOUT_S, say: Callable[[str], None] | None = None):
+                 stack_timeout_s: float = DEFAULT_TIMEOUT_S, say: Callable[[str], None] | None = None,
+                 run_as: RunAs | None = None):
         self.job = job
         self.reports = reports  # the job's StackReports: where a hang's dumps go
         self.stack_tools = tuple(stack_tools)
         self.stack_timeout_s = stack_timeout_s
         self.control = control
         self.node = node
-        self.runtime = LocalRuntime(job.job_id, sink, node, line_sink=line_sink, preload=job.preload, say=say)
+        self.runtime = LocalRuntime(job.job_id, sink, node, line_sink=line_sink, preload=job.preload, say=say,
+                                    run_as=run_as)
         self._specs = {spec.name: spec for spec in job.instances()}
         self._job_spec = job.spec()
         self._run_dir = Path(run_dir or tempfile.mkdtemp(prefix=f"trainwarden-{job.job_id}-"))
         self._sdk_path = sdk_import_dir(self._run_dir)
+        if run_as is not None:
+            share_sdk_path(self._sdk_path)
         self._tokens: dict[str, str] = {}
         self._ports: dict[int, int] = {}
 

@@ -28,6 +28,7 @@ from typing import Callable, Optional, Sequence
 from trainwarden.events import Event, InstanceExited, InstanceStarted, LogLine, Stream
 from trainwarden.runtime.clock import now
 from trainwarden.runtime.keeper import MARK_VARIABLE, KeeperLease, carries, environment_mark
+from trainwarden.runtime.run_as import RunAs
 from trainwarden.runtime.standby import python_invocation
 from trainwarden.runtime.standby_pool import StandbyPool
 
@@ -77,11 +78,15 @@ class LocalRuntime:
     def __init__(self, job_id: str, sink: Callable[[Event], None], node: str,
                  max_line_bytes: int = MAX_LINE_BYTES,
                  line_sink: Optional[Callable[[Event, float], bool]] = None,
-                 preload: Sequence[str] = (), say: Optional[Callable[[str], None]] = None):
+                 preload: Sequence[str] = (), say: Optional[Callable[[str], None]] = None,
+                 run_as: Optional[RunAs] = None):
         """``preload``: modules a standby interpreter imports for each Python
         instance before it starts (runtime/standby.py); ``say`` tells the
-        operator once why an instance started fresh instead."""
+        operator once why an instance started fresh instead; ``run_as``: the
+        user the instances (and their standbys) run as (runtime/run_as.py)."""
         self.job_id = job_id
+        self.run_as = run_as
+        self._credentials = run_as.popen_options() if run_as is not None else {}
         self.node = node
         self.max_line_bytes = max_line_bytes
         self.counters = RuntimeCounters()
@@ -104,7 +109,7 @@ class LocalRuntime:
         self._keeper = KeeperLease(self._mark)
         # Warm interpreters for Python instances, when the job names modules to preload.
         self._standbys = StandbyPool(preload, spawn_argv=with_parent_death_signal, on_spawn=self._keeper.watch,
-                                     say=say or _say) if preload else None
+                                     say=say or _say, run_as=run_as) if preload else None
         self._thread = threading.Thread(target=self._io_loop, name="runtime-io", daemon=True)
         self._thread.start()
 
@@ -114,13 +119,15 @@ class LocalRuntime:
               round_: int, start: int) -> int:
         mark = f"{self._mark}-{next(self._starts)}"
         env = {**env, MARK_VARIABLE: mark}
+        if self.run_as is not None:
+            env = self.run_as.environment(env, os.environ)
         try:
             resolved = _resolve(command, env, cwd)
             popen = self._from_standby(name, resolved, env, cwd)
             if popen is None:
                 popen = subprocess.Popen(
                     with_parent_death_signal(resolved), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **self._credentials,
                 )
                 self._keeper.watch(popen.pid)  # its own session: pid = process group = session id
         except OSError as exc:

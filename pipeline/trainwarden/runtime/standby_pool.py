@@ -26,6 +26,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -34,6 +35,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from trainwarden.runtime.run_as import RunAs
 from trainwarden.runtime.standby import Invocation, is_module_name
 
 STANDBY_SCRIPT = str(Path(__file__).resolve().parent / "standby.py")
@@ -178,7 +180,8 @@ def env_key(interpreter: str, env: dict, cwd: Optional[str], modules: Sequence[s
 class StandbyPool:
     def __init__(self, modules: Sequence[str], spawn_argv: Callable[[list[str]], list[str]],
                  on_spawn: Callable[[int], None], say: Callable[[str], None], streams: bool = False,
-                 spares_after_s: float = SPARES_AFTER_S, spares_after_learning_s: float = SPARES_AFTER_LEARNING_S):
+                 spares_after_s: float = SPARES_AFTER_S, spares_after_learning_s: float = SPARES_AFTER_LEARNING_S,
+                 run_as: Optional[RunAs] = None):
         """``spawn_argv`` wraps a standby's command as instances' are (parent
         death signal); ``on_spawn(pid)`` tells the keeper; ``say`` reports a
         fallback to an ordinary start, once per reason. ``streams``: each
@@ -186,7 +189,8 @@ class StandbyPool:
         so the standbys' control channels are Unix sockets and their output
         before that goes nowhere. ``spares_after_s``: how long after the
         last start spares are prepared and told what was learned, and
-        ``spares_after_learning_s`` how long after the last module learned."""
+        ``spares_after_learning_s`` how long after the last module learned.
+        ``run_as``: the user the standbys (the instances to be) run as."""
         self.modules = tuple(modules)
         self._spares_after_s = spares_after_s
         self._spares_after_learning_s = spares_after_learning_s
@@ -207,6 +211,9 @@ class StandbyPool:
         self._closed = False
         self.roots = tuple(sorted({name.partition(".")[0] for name in self.modules}))
         self._learn_dir = tempfile.mkdtemp(prefix="trainwarden-learned-")
+        self._credentials = run_as.popen_options() if run_as is not None else {}
+        if run_as is not None:
+            run_as.give(Path(self._learn_dir))  # the instances append what they load there
         self._learned: dict[str, list[str]] = {}  # key -> modules its instances loaded under the roots, in order
         self._learn_read: dict[str, int] = {}  # key -> bytes of its learn file read so far
         self.counters = {"taken": 0, "fresh_starts": 0, "spawned": 0, "died": 0, "learned": 0}
@@ -287,11 +294,20 @@ class StandbyPool:
         path = self.learn_path(key)
         done = self._learn_read.get(key, 0)
         try:
-            with open(path, "rb") as f:
-                f.seek(done)
-                data = f.read(max(0, LEARN_BYTES_MAX - done))
+            # The job may own the directory (run as another user): never
+            # follow its link, or block on its FIFO, in place of the file.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return 0
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return 0
+            os.lseek(fd, done, os.SEEK_SET)
+            data = os.read(fd, max(0, LEARN_BYTES_MAX - done))
+        except OSError:
+            return 0
+        finally:
+            os.close(fd)
         complete = data.rpartition(b"\n")[0]
         if not complete:
             return 0
@@ -435,7 +451,7 @@ class StandbyPool:
             popen = subprocess.Popen(
                 self._spawn_argv([interpreter, STANDBY_SCRIPT, str(control_r), str(ready_w), *self.modules]),
                 env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.PIPE,
-                start_new_session=True, pass_fds=(control_r, ready_w))
+                start_new_session=True, pass_fds=(control_r, ready_w), **self._credentials)
         except OSError:
             for fd in (control_r, control_w, ready_r, ready_w):
                 os.close(fd)

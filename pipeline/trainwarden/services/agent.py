@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -43,6 +44,7 @@ from trainwarden.runtime.environment import instance_env, sdk_import_dir
 from trainwarden.runtime.inbox import Inbox
 from trainwarden.runtime.launcher import log_file
 from trainwarden.runtime.local import LocalRuntime
+from trainwarden.runtime.run_as import RunAs, sdk_home, share_sdk_path
 from trainwarden.runtime.slurm.adopt import SlurmTasks
 
 TAIL_LINES = 500
@@ -89,8 +91,10 @@ class AgentCounters:
 class Agent:
     def __init__(self, bus: Bus, node: str, slots: int, log_dir: Path, address: str = "",
                  clock: Callable[[], float] = clock_now, ship_logs: bool = True, c4d_log: Optional[Path] = None,
-                 slurm_dir: Optional[Path] = None, c4d_socket: Optional[Path] = None):
+                 slurm_dir: Optional[Path] = None, c4d_socket: Optional[Path] = None,
+                 run_as: Optional[RunAs] = None):
         self.node = node
+        self.run_as = run_as  # the user its instances run as (runtime/run_as.py)
         # False when Vector ships the log files: every line would arrive twice.
         self.ship_logs = ship_logs
         self.slots = slots
@@ -102,7 +106,12 @@ class Agent:
         self.control = ControlServer(deliver=self.inbox.put,
                                      on_refused=lambda reason, raw: self.inbox.put(("refused", reason, raw)),
                                      adopts=slurm_dir is not None)
-        self.sdk_path = sdk_import_dir(self.log_dir / ".sdk")
+        if run_as is None:
+            self.sdk_path = sdk_import_dir(self.log_dir / ".sdk")
+        else:
+            run_as.share_socket(self.control.path)
+            self.sdk_path = sdk_import_dir(sdk_home())
+            share_sdk_path(self.sdk_path)
         self.runtimes: dict[str, LocalRuntime] = {}
         self.running: dict[tuple[str, str], _Running] = {}
         # Incarnations being stopped while a newer one of the same instance
@@ -193,6 +202,8 @@ class Agent:
         for runtime in self.runtimes.values():
             runtime.close(0)
         self.control.close()
+        if self.run_as is not None:
+            shutil.rmtree(Path(self.sdk_path).parent, ignore_errors=True)  # sdk_home()'s
         self.consumer.close()
         self.producer.close()
 
@@ -231,7 +242,7 @@ class Agent:
         if runtime is None:
             runtime = self.runtimes[command.job_id] = LocalRuntime(
                 command.job_id, self.inbox.put, self.node, line_sink=self.inbox.offer_line,
-                preload=command.preload,
+                preload=command.preload, run_as=self.run_as,
                 say=lambda text, job=command.job_id: _log.info("job %s: %s", job, text))
         if current is not None:
             self.retiring[(current.job_id, current.instance, current.round, current.start)] = current

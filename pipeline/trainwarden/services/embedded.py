@@ -31,6 +31,7 @@ from trainwarden.runtime.control import ControlServer, PendingReply
 from trainwarden.runtime.inbox import Inbox
 from trainwarden.runtime.keeper import KeeperLease
 from trainwarden.runtime.launcher import InstanceLogs, LocalJobRunner
+from trainwarden.runtime.run_as import RunAs
 from trainwarden.spot.market import MarketProvider
 from trainwarden.spot.poller import MarketPoller
 from trainwarden.store.base import StoreError
@@ -202,8 +203,10 @@ class EmbeddedRun:
                  c4d_log: Optional[str] = None, c4d_socket: Optional[str] = None,
                  notify: Optional[NotifyOptions] = None,
                  market: Optional[MarketProvider] = None, spot: tuple[SpotBid, ...] = (),
-                 log_dir: Optional[str] = None, history_wait_s: float = HISTORY_WAIT_S):
+                 log_dir: Optional[str] = None, history_wait_s: float = HISTORY_WAIT_S,
+                 run_as: Optional[RunAs] = None):
         self.job = job
+        self.run_as = run_as  # the user the instances run as (runtime/run_as.py)
         self.pack = pack
         self.history = history
         self.reporter = reporter
@@ -245,10 +248,12 @@ class EmbeddedRun:
                          args=self.job.args, instances=len(self.job.instances()), node_name=self.node)
         reports = StackReports(_CurrentHistory(self), clock_now, announce=self._stack_report)
         control = ControlServer(deliver=self.inbox.put, on_refused=self._refused)
+        if self.run_as is not None:
+            self.run_as.share_socket(control.path)
         runner = self._runner = LocalJobRunner(self.job, self.inbox.put, control, self.node,
                                                line_sink=self.inbox.offer_line, reports=reports,
                                                stack_tools=self.stack_tools, stack_timeout_s=self.stack_timeout_s,
-                                               say=self.reporter.info)
+                                               say=self.reporter.info, run_as=self.run_as)
         supervisor = self.supervisor = Supervisor(runner, _CurrentHistory(self), reports, facts, node=self.node,
                                                   clock=clock_now, notify=self._notify)
         # The first write fails loudly (a wrong --store is a usage problem);

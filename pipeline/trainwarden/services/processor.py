@@ -23,6 +23,7 @@ from trainwarden.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, PREFIX, Bus, 
 from trainwarden.bus.messages import DecisionRecord, LogBatch, Recorded, WireLogLine
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
 from trainwarden.engine import JobState, replay_decision, start_job
+from trainwarden.engine.state import InstanceStatus
 from trainwarden.events import Decision, JobSubmitted, LogLine, Tick
 from trainwarden.store.records import DeadLetter
 from trainwarden.supervision.intake import Taken, take
@@ -45,6 +46,7 @@ class ProcessorCounters:
     unknown_job: int = 0
     duplicate_submissions: int = 0
     replay_skipped: int = 0  # undecodable records a replay stepped over (dead-lettered when first met)
+    lines_from_other_nodes: int = 0  # lines naming a node that does not run their incarnation: not counted
 
 
 @dataclasses.dataclass
@@ -194,6 +196,9 @@ class Processor:
         else:
             assert isinstance(message, LogBatch)
             lines = [(line.time, line.stream, line.text) for line in message.lines]
+        if not _from_its_node(state, message):
+            self.counters.lines_from_other_nodes += len(lines)
+            return
         for when, stream, text in lines:
             self.counters.log_lines += 1
             event = LogLine(job_id=message.job_id, time=when, instance=message.instance, round=message.round,
@@ -262,3 +267,15 @@ class Processor:
     def _dead_letter(self, record: Message, error: str) -> None:
         self.counters.dead_letters += 1
         self.producer.send(DEAD_LETTERS, "processor", dead_letter(record, "processor", error, self.clock()))
+
+
+def _from_its_node(state: JobState, message) -> bool:
+    """A line counts for an incarnation only from the node the engine knows
+    runs it (its InstanceStarted's): no agent, and no Vector of another node,
+    keeps someone else's instance alive. Lines of an incarnation not yet
+    known to have started, or no longer current, are left to the engine."""
+    inst = state.instances.get(message.instance)
+    if (inst is None or inst.status is InstanceStatus.PENDING  # its node is still the previous incarnation's
+            or (message.round, message.start) != (state.round, inst.start)):
+        return True
+    return inst.node == message.node

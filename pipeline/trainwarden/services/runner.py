@@ -41,11 +41,12 @@ class ServiceRun:
         self.log(level, text, job_id)
 
     def open_bus(self, target: Optional[str], *, key_file: Optional[str] = None,
-                 trusted_network: Optional[bool] = None, max_age_s: Optional[float] = None):
+                 trusted_network: Optional[bool] = None, max_age_s: Optional[float] = None,
+                 accept_unsigned_logs: Optional[bool] = None):
         """The service's bus, observed; raises ConfigError (a bad key, a
         refused network) before anything connects."""
         bus = open_bus(target, key_file=key_file, trusted_network=trusted_network, max_age_s=max_age_s,
-                       service=self.observer.component)
+                       service=self.observer.component, accept_unsigned_logs=accept_unsigned_logs)
         self._signing = describe(bus)
         if isinstance(bus, SigningBus):
             refusals = self._refusals = bus.counters
