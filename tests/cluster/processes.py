@@ -22,11 +22,18 @@ KAFKA_SCRIPT = ROOT / "deploy" / "kafka" / "local-kafka"
 
 class ServiceProcesses:
     def __init__(self, bootstrap: str, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 3.0,
-                 slurm_dir: Path | None = None, metrics: bool = False, rules: Path | None = None):
+                 slurm_dir: Path | None = None, metrics: bool = False, rules: Path | None = None,
+                 agent_args: tuple[str, ...] = (), user: int | None = None, python: str = sys.executable):
         """slurm_dir: the agents are those of the local Slurm cluster's nodes
         (n1..n3), and the actuator runs --runtime slurm jobs through Slurm.
         metrics: every service serves /metrics, /healthz and /readyz on a port
-        of its own (``metrics_url``). rules: the processor's --rules."""
+        of its own (``metrics_url``). rules: the processor's --rules.
+        agent_args: more options of every agent (--run-as). user: the uid
+        (and gid) every service runs as, with ``python`` (one that user can
+        run; tests/other_user.py), in a ``tmp`` that user can write."""
+        self.user = user
+        self.command = [python, "-m", "trainwarden.cli.main"]
+        self.agent_args = tuple(agent_args)
         self.bootstrap = bootstrap
         self.metrics = metrics
         self.metrics_ports: dict[str, int] = {}
@@ -42,6 +49,10 @@ class ServiceProcesses:
         self.topic_prefix = f"twt{uuid.uuid4().hex[:8]}"
         self.env = dict(os.environ, TRAINWARDEN_KAFKA=bootstrap, PYTHONPATH=str(ROOT / "pipeline"),
                         TRAINWARDEN_STORE=str(self.store), TRAINWARDEN_TOPIC_PREFIX=self.topic_prefix)
+        if user is not None:
+            from tests.other_user import python_path
+
+            self.env.update(PYTHONPATH=python_path(), HOME=str(tmp))
         subprocess.run([*TRAINWARDEN, "kafka", "init", "--partitions", "4"], env=self.env, cwd=ROOT, check=True,
                        capture_output=True, timeout=120)
         self.node_names = [f"n{i + 1}" if slurm_dir else f"{self.prefix}-{i}" for i in range(nodes)]
@@ -65,8 +76,8 @@ class ServiceProcesses:
         env = dict(self.env)
         if os.environ.get("TRAINWARDEN_TEST_KAFKA_DEBUG"):
             env["TRAINWARDEN_KAFKA_DEBUG"] = str(self.tmp / f"{name}.kafka-debug")
-        proc = subprocess.Popen([*TRAINWARDEN, *args, *extra], env=env, cwd=ROOT, stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([*self.command, *args, *extra], env=env, cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, **self._as_user())
         self.procs[name] = proc
         return proc
 
@@ -86,12 +97,12 @@ class ServiceProcesses:
         c4d_log = self.tmp / f"c4d-{node}.log"
         c4d_log.touch()
         c4d_socket = Path(tempfile.gettempdir()) / f"tw-c4d-{self.prefix}-{node}.sock"
-        proc = subprocess.Popen([*TRAINWARDEN, "agent", "--node", node, "--slots", str(self.slots),
+        proc = subprocess.Popen([*self.command, "agent", "--node", node, "--slots", str(self.slots),
                                  "--log-dir", str(self.tmp / f"logs-{node}"), "--address", "127.0.0.1",
                                  "--c4d-socket", str(c4d_socket),
                                  *(["--slurm-dir", str(self.slurm_dir)] if self.slurm_dir else []),
-                                 *self._metrics_args(f"agent-{node}")],
-                                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                 *self._metrics_args(f"agent-{node}"), *self.agent_args],
+                                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, **self._as_user())
         self.procs[f"agent-{node}"] = proc
         # C4D's collector for as long as this agent lives: this test process,
         # which no job started, forwards what is written to c4d-NODE.log.
@@ -106,6 +117,9 @@ class ServiceProcesses:
         threading.Thread(target=collect, name=f"c4d-collector-{node}", daemon=True).start()
         threading.Thread(target=lambda: (proc.wait(), agent_gone.set()), daemon=True).start()
         return proc
+
+    def _as_user(self) -> dict:
+        return {} if self.user is None else {"user": self.user, "group": self.user, "extra_groups": []}
 
     def _metrics_args(self, name: str) -> list[str]:
         if not self.metrics:

@@ -272,6 +272,7 @@ def _join_args_value(argv: list[str]) -> list[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    own_command_line = argv is None  # not called inside another program (a test runner)
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
     if "--" in argv:
@@ -284,9 +285,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGHUP, signal.default_int_handler)
     try:
-        if argv is None and args.command in PROTECTED_COMMANDS:
-            # Started from its own command line: it may start itself again
-            # without the secret variables (hardening.py).
+        if own_command_line and args.command in PROTECTED_COMMANDS:
+            # It may start itself again without the secret variables (hardening.py).
             protect()
         return _dispatch(args, command)
     except SettingsError as exc:
