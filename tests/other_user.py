@@ -22,6 +22,28 @@ OTHER_UID = 65534
 OTHER_GID = 65534
 
 
+# Run as the other user with a pid: what of that process it may read (the
+# environment, the memory, the descriptors). Opening /proc/PID/mem is what
+# ptrace's rules allow or not (offset 0 is not mapped: no read).
+DUMPABLE_PROBE = """
+import os, sys
+pid = sys.argv[1]
+for name in ("environ", "mem", "fd"):
+    path = f"/proc/{pid}/{name}"
+    try:
+        if name == "fd":
+            os.listdir(path)
+        elif name == "mem":
+            open(path, "rb").close()
+        else:
+            with open(path, "rb") as f:
+                f.read(1)
+        print(name, "read")
+    except OSError as exc:
+        print(name, "refused", exc.errno)
+"""
+
+
 def _as_other(argv: list[str], env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           user=OTHER_UID, group=OTHER_GID, extra_groups=[])

@@ -28,8 +28,7 @@ import pytest
 
 from tests.cluster.processes import ServiceProcesses, behave, wait_for
 from tests.conftest import ROOT
-from tests.other_user import OTHER_UID, other_python, other_writable, python_path
-from tests.services.test_hardening import DUMPABLE_PROBE
+from tests.other_user import DUMPABLE_PROBE, OTHER_UID, other_python, other_writable, python_path
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
@@ -87,7 +86,10 @@ def test_a_job_that_reads_every_environ_and_file_it_can_finds_no_key_and_starts_
                           str(pwned), "--nodes", ",".join(cluster.node_names), "--search", str(cluster.tmp),
                           "--search", str(cluster.store), "--key-file", str(cluster.key_file),
                           "--path", python_path())
-    out, err = proc.communicate(timeout=180)
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:
+        _end(proc)
     assert proc.returncode == 0 and report.exists(), cluster.logs() + out[-3000:] + err[-3000:]
     hunt = json.loads(report.read_text())
     if hunt["sent"]:
@@ -97,6 +99,13 @@ def test_a_job_that_reads_every_environ_and_file_it_can_finds_no_key_and_starts_
     assert hunt["uid"] == OTHER_UID and hunt["groups"] == [], hunt
     assert hunt["read"]["environ"] >= 1 and hunt["refused"]["environ"] >= 4, hunt  # its own, not the services
     assert (hunt["found"], hunt["sent"], pwned.exists()) == ([], 0, False), hunt
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """A follower left by a failed test: its job is the cluster's to end."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def _follow(proc: subprocess.Popen) -> "queue.Queue[tuple[float, dict]]":
@@ -173,9 +182,12 @@ def test_unsigned_log_batches_for_another_jobs_hung_instance_do_not_keep_it_aliv
         # Detected as if nothing had been forged, while batches were forged all along.
         assert decided_at - hung_at <= HANG_INTERVAL_S + HANG_SLACK_S and forged[0] >= HANG_INTERVAL_S, \
             (decided_at - hung_at, forged)
+        stop.set()
+        proc.wait(timeout=180)  # round 1 finishes; the reader thread drains standard output
+        err = proc.stderr.read()
     finally:
         stop.set()
-    out, err = proc.communicate(timeout=180)
+        _end(proc)
     assert proc.returncode == 0, cluster.logs() + err[-3000:]
     # The processor refused them as unsigned, dead letters each.
     assert _refused_unsigned(cluster) > refused_before

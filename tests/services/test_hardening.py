@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.other_user import OTHER_UID, other_python, other_writable, python_path
+from tests.other_user import DUMPABLE_PROBE, OTHER_UID, other_python, other_writable, python_path
 from trainwarden import hardening
 from trainwarden.bus.kafka_security import KafkaSecurity
 
@@ -76,25 +76,6 @@ def test_a_service_given_the_key_in_its_environment_shows_it_in_no_proc_file_and
         assert SECRET not in started and PASSWORD not in started
     finally:
         _stop(proc)
-
-
-DUMPABLE_PROBE = """
-import os, sys
-pid = sys.argv[1]
-for name in ("environ", "mem", "fd"):
-    path = f"/proc/{pid}/{name}"
-    try:
-        if name == "fd":
-            os.listdir(path)
-        elif name == "mem":
-            open(path, "rb").close()  # opening is what ptrace's rules allow or not (offset 0 is not mapped)
-        else:
-            with open(path, "rb") as f:
-                f.read(1)
-        print(name, "read")
-    except OSError as exc:
-        print(name, "refused", exc.errno)
-"""
 
 
 def test_a_process_of_the_services_own_user_can_read_neither_its_environ_nor_its_memory(tmp_path):

@@ -126,7 +126,7 @@ def main():
     parser.add_argument("--key-file", action="append", default=[])
     parser.add_argument("--path", action="append", default=[], help="more import paths (kafka-python)")
     args = parser.parse_args()
-    sys.path[1:1] = args.path
+    sys.path[1:1] = [entry for paths in args.path for entry in paths.split(os.pathsep)]
     hunt = Hunt()
     hunt.key_files.update(args.key_file)
     hunt.processes()
