@@ -128,3 +128,80 @@ def test_a_successor_replaying_a_partition_with_poison_records_skips_and_counts_
                                                           start=0, exit_code=0, tail=())))
     _drain(second)
     assert second.jobs["j1"].finished
+
+
+# ------------------------------------------------ where a line comes from
+
+
+class _Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _batch(node: str, when: float, text: str, instance: str = "worker-0") -> bytes:
+    return encode(LogBatch(job_id="j1", node=node, instance=instance, round=0, start=0,
+                           lines=(Line(when, Stream.STDOUT, text),)))
+
+
+def test_a_line_counts_only_from_the_node_that_runs_its_incarnation():
+    bus = _bus()
+    producer = _job(bus)
+    processor = Processor(bus, load_rules())
+    _drain(processor)
+    producer.send(LOGS, "j1", _batch("elsewhere", T0 + 1, "RuntimeError: NCCL error: unhandled system error"))
+    producer.send(LOGS, "j1", _batch("n", T0 + 2, "step 1"))
+    _drain(processor)
+    worker = processor.jobs["j1"].instances["worker-0"]
+    assert list(worker.tail) == ["step 1"] and worker.last_output == T0 + 2
+    assert (processor.counters.lines_from_other_nodes, processor.counters.log_lines) == (1, 1)
+
+
+def test_lines_from_another_node_do_not_keep_a_hung_instance_alive():
+    bus = _bus()
+    producer = _job(bus, args="--enable-job-restart=True --enable-job-hang-detection=True --job-hang-interval=5")
+    clock = _Clock(T0)
+    processor = Processor(bus, load_rules(), clock=clock)
+    producer.send(LOGS, "j1", _batch("n", T0, "step 0"))
+    producer.send(LOGS, "j1", _batch("n", T0, "step 0", instance="worker-1"))
+    _drain(processor)
+    for second in range(1, 10):  # the job hangs; someone keeps "printing" for worker-0, naming another node
+        clock.now = T0 + second
+        producer.send(LOGS, "j1", _batch("elsewhere", clock.now, "still alive"))
+        _drain(processor)
+    [hang] = [d for d in _decisions(bus) if d.kind is DecisionKind.RESTART_JOB]
+    assert hang.reason.value == "job_hang" and hang.time == T0 + 5  # on time: 5 s after the last genuine line
+    assert processor.counters.lines_from_other_nodes == 5  # then round 1 began: the rest are stale lines
+
+
+def test_a_line_of_an_incarnation_not_yet_known_to_have_started_is_left_to_the_engine():
+    bus = _bus()
+    producer = bus.producer()
+    producer.send(EVENTS, "j1", encode(JobSubmitted(job_id="j1", time=T0, framework="pytorch", args="",
+                                                    instances=instance_specs([("worker", 1)]))))
+    producer.send(LOGS, "j1", _batch("n", T0 + 1, "early line"))  # its InstanceStarted is still on its way
+    processor = Processor(bus, load_rules())
+    _drain(processor)
+    assert processor.counters.lines_from_other_nodes == 0
+    assert list(processor.jobs["j1"].instances["worker-0"].tail) == ["early line"]
+
+
+def test_unsigned_lines_taken_for_vector_still_count_only_from_the_node_that_runs_the_instance():
+    from trainwarden.bus.messages import WireLogLine
+    from trainwarden.bus.signing import Keyring, SigningBus, SigningConfig
+
+    memory = _bus()
+    keyring = Keyring((("k1", b"k" * 32),))
+    bus = SigningBus(memory, SigningConfig(keyring, accept_unsigned_logs=True), "processor", lambda: T0)
+    _job(bus)  # the agents' events, signed
+    processor = Processor(bus, load_rules())
+    _drain(processor)
+    plain = memory.producer()  # Vector: unsigned
+    for node, text in (("n", "from its node"), ("m", "from another node")):
+        plain.send(LOGS, "j1", encode(WireLogLine(job_id="j1", node=node, instance="worker-0", round=0, start=0,
+                                                  time=T0 + 1, text=text)))
+    _drain(processor)
+    assert list(processor.jobs["j1"].instances["worker-0"].tail) == ["from its node"]
+    assert processor.counters.lines_from_other_nodes == 1 and bus.counters.unsigned == 0
