@@ -162,12 +162,16 @@ def test_unsigned_log_batches_for_another_jobs_hung_instance_do_not_keep_it_aliv
     proc = cluster.submit(
         "--job-id", job_id, "--json", "--args",
         f"--enable-job-restart=True --enable-job-hang-detection=True --job-hang-interval={HANG_INTERVAL_S}",
-        "--", python, *behave("--env", "--steps", "6", "--step-s", "0.1", "--hang-rank", "0", "--hang-rounds", "0",
-                              "--hang-at-step", "2")[1:])
+        "--", python, *behave("--env", "--keyword", "never-printed", "--steps", "6", "--step-s", "0.1",
+                              "--hang-rank", "0", "--hang-rounds", "0", "--hang-at-step", "2")[1:])
     stop = threading.Event()
     try:
         events = _follow(proc)
-        _, env = _next(events, lambda e: e["event"] == "line" and e["text"].startswith("env {"), 120,
+        # Run as another user than its agent, it still reaches the agent's SDK endpoint as itself.
+        _, keywords = _next(events, lambda e: e["event"] == "line" and e["text"].startswith("keywords"), 120,
+                            "the SDK's answer")
+        assert keywords["text"].startswith("keywords OK"), keywords
+        _, env = _next(events, lambda e: e["event"] == "line" and e["text"].startswith("env {"), 60,
                        "worker-0's variables")
         node = json.loads(env["text"][4:])["TRAINWARDEN_NODE"]
         hung_at, _ = _next(events, lambda e: e["event"] == "line" and e["text"].startswith("hanging at"), 60,

@@ -4,6 +4,7 @@ are attributed to their incarnation, and still die with a SIGKILLed run."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -101,3 +102,20 @@ def test_a_run_as_user_that_cannot_be_is_refused_before_anything_starts(tmp_path
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert not (tmp_path / "store").exists()
+
+
+def test_a_hung_job_run_as_another_user_still_gets_its_stack_report(tmp_path, job_id):
+    from trainwarden.diagnose.collect import find_tool
+
+    if not (find_tool("py-spy") or find_tool("pystack")):
+        pytest.skip("no stack tool here (pip install trainwarden[diagnose])")
+    python = other_python()
+    done = subprocess.run([*TRAINWARDEN, "run", "--job-id", job_id, "--run-as", str(OTHER_UID), "-o", "json",
+                           "--quiet", "--args", "--enable-job-restart=True --enable-job-hang-detection=True "
+                           "--job-hang-interval=3", "--", python, str(ROOT / "tests" / "e2e" / "programs" / "behave.py"),
+                           "--steps", "3", "--hang-rank", "0", "--hang-rounds", "0", "--hang-at-step", "1"],
+                          env=_env(tmp_path), cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    reports = [event["text"] for event in map(json.loads, done.stdout.splitlines())
+               if event["event"] == "info" and event["text"].startswith("stack report")]
+    assert reports and "1 processes dumped" in reports[0] and "behave.py" in reports[0], reports
