@@ -3,6 +3,7 @@ opening, refusals dead-lettered with their reason, key rotation, replays,
 the keyring file, and the refusal of an untrusted broker without a key."""
 
 import json
+import os
 
 import pytest
 
@@ -298,15 +299,30 @@ def _keyfile(directory, text: str, name: str = "keys"):
     return path
 
 
-@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644, 0o660, 0o602])
-def test_a_keyring_file_open_to_group_or_others_is_refused_with_the_chmod_to_run(tmp_path, mode):
+@pytest.mark.parametrize("mode, gid, problem", [
+    (0o604, None, "open to others"), (0o644, None, "open to others"), (0o602, None, "open to others"),
+    (0o620, None, "writable by its group"), (0o660, None, "writable by its group"),
+    (0o640, 54321, "readable by group 54321, which is not this service's own"),
+])
+def test_a_keyring_file_open_to_others_is_refused_with_the_chmod_to_run(tmp_path, mode, gid, problem):
     path = _keyfile(tmp_path, f"k1 {SECRET1}\n")
     path.chmod(mode)
+    if gid is not None:
+        if os.geteuid() != 0:
+            pytest.skip("changing a file's group to one this user is not in needs root")
+        os.chown(path, -1, gid)
     with pytest.raises(ConfigError) as caught:
         load_keyring(str(path))
-    assert str(caught.value) == f"{path}: the signing key file is open to group or others (mode {mode:04o})"
+    assert str(caught.value) == f"{path}: the signing key file is {problem} (mode {mode:04o})"
     assert f"chmod 600 {path}" in caught.value.hint and SECRET1 not in str(caught.value) + caught.value.hint
-    path.chmod(0o400)
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o440])
+def test_a_keyring_file_of_the_service_alone_or_its_own_group_is_read(tmp_path, mode):
+    # 0440 with the service's own group: a Kubernetes Secret mounted with the pod's fsGroup.
+    path = _keyfile(tmp_path, f"k1 {SECRET1}\n")
+    os.chown(path, -1, os.getegid())
+    path.chmod(mode)
     assert load_keyring(str(path)).ids == ("k1",)
 
 

@@ -60,6 +60,9 @@ def test_the_supervisors_own_user_root_or_a_supervisor_that_is_not_root_is_refus
     assert "e.g. nobody" in caught.value.hint
     with pytest.raises(RunAsError, match="needs the supervisor to run as root"):
         resolve("1001")
+    monkeypatch.setattr(run_as_module.os, "getegid", lambda: 4000)
+    with pytest.raises(RunAsError, match="has the supervisor's own group, which may read its key"):
+        resolve("1001:4000")
     with pytest.raises(RunAsError, match="--run-as: there is no user named 'nobody-at-all'"):
         resolve("nobody-at-all")
 

@@ -141,14 +141,15 @@ def parse_keyring(text: str, path: str) -> Keyring:
 def load_keyring(path: str) -> Keyring:
     try:
         with open(path, "rb") as handle:
-            mode = os.fstat(handle.fileno()).st_mode
+            status = os.fstat(handle.fileno())
             raw = handle.read(MAX_KEYRING_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"the signing key file cannot be read ({exc.strerror or exc})", path,
                           hint=f"give a readable file with --signing-key-file or ${ENV_KEY_FILE}") from None
-    if mode & 0o077:
+    problem = _key_file_problem(status.st_mode, status.st_gid)
+    if problem:
         # Whoever can read the key can sign commands that every agent runs.
-        raise ConfigError(f"the signing key file is open to group or others (mode {mode & 0o777:04o})", path,
+        raise ConfigError(f"the signing key file is {problem} (mode {status.st_mode & 0o777:04o})", path,
                           hint=f"chmod 600 {path}: only the services' user may read it (and no job runs as that "
                                "user: --run-as)")
     if len(raw) > MAX_KEYRING_BYTES:
@@ -158,6 +159,20 @@ def load_keyring(path: str) -> Keyring:
     except UnicodeDecodeError:
         raise ConfigError("the signing key file is not UTF-8 text", path, hint=_KEY_HINT) from None
     return parse_keyring(text, path)
+
+
+def _key_file_problem(mode: int, gid: int) -> str:
+    """Why a keyring file with this mode and group is open to others than
+    this service, or "". Group read is the service's own group's (a
+    Kubernetes Secret mounted with the pod's fsGroup, mode 0440): no job has
+    that group (--run-as gives it the job user's group and no other)."""
+    if mode & 0o007:
+        return "open to others"
+    if mode & 0o020:
+        return "writable by its group"
+    if mode & 0o040 and gid != os.getegid():
+        return f"readable by group {gid}, which is not this service's own"
+    return ""
 
 
 def keyring_from(environ: Mapping[str, str], key_file: Optional[str] = None) -> Optional[Keyring]:

@@ -115,6 +115,9 @@ def resolve(text: str) -> RunAs:
         raise RunAsError("--run-as root would give the jobs the supervisor's own power", hint)
     if run_as.uid == os.geteuid():
         raise RunAsError(f"--run-as {run_as.describe()} is the supervisor's own user, who can read its key", hint)
+    if run_as.gid == os.getegid():
+        raise RunAsError(f"--run-as {run_as.describe()} has the supervisor's own group, which may read its key",
+                         "give the jobs' user a group of its own (UID:GID)")
     if os.geteuid() != 0:
         raise RunAsError("--run-as needs the supervisor to run as root, to start processes as another user", hint)
     return run_as
