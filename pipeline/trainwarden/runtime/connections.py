@@ -27,8 +27,9 @@ import time
 from typing import Callable, Optional
 
 # Connections pending accept: a flood must not leave a legitimate caller's
-# connect waiting for room in the backlog (socketserver's default is 5).
-BACKLOG = 128
+# connect without room in the backlog (socketserver's default is 5; a full
+# backlog fails a non-blocking connect at once, which the SDK retries).
+BACKLOG = 1024
 REPORT_EVERY_S = 10.0
 TOLD_PER_WINDOW = 10
 # Past this many origins with untold refusals, the rest are counted only.
