@@ -2,10 +2,13 @@
 the cluster shape (real agents, processor and actuator on a real Kafka
 broker, TRAINWARDEN_KAFKA). Its output files stay under their size; 20,000
 SDK (and C4D) connection attempts leave the agent's files, memory, /metrics
-and loop alone, and a legitimate SDK call is served during and after."""
+and loop alone, and a legitimate SDK call is served during and after; 1,000
+custom messages make a bounded number of history rows and webhooks, with the
+dropped count."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -16,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.processes import services_on_broker
+from tests.cluster.processes import services_on_broker, wait_for
+from tests.notify.conftest import ENV, receiver, subscription_yaml  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
@@ -234,3 +238,61 @@ def test_20000_sdk_connection_attempts_leave_the_agents_files_metrics_and_other_
     assert ok == calls and calls > 0, during
     assert _metric(services, "trainwarden_agent_sdk_refused_total") > 1000
     assert _metric(services, "trainwarden_agent_c4d_refused_total") > 100
+
+
+# 1,000 custom messages, as fast as the SDK takes them.
+MESSAGES = textwrap.dedent('''
+    import time
+    from trainwarden.sdk import job_monitor as jm
+
+    monitor, started = jm.Monitor(), time.monotonic()
+    ok = sum(monitor.send_custom_message(content=f"message {i}").ok() for i in range(1000))
+    print(f"{ok} of 1000 messages taken in {time.monotonic() - started:.1f} s", flush=True)
+''')
+
+
+def test_1000_custom_messages_make_bounded_rows_and_webhooks_that_say_how_many_were_dropped(
+        one_agent, job_id, tmp_path, receiver):  # noqa: F811 - the fixture
+    services = one_agent
+    hook = receiver()
+    directory = tmp_path / "notifications"
+    directory.mkdir()
+    # The per-type limit off (the flood's own type would be held to one a minute otherwise);
+    # the per-job limit at 10 messages per 10 s to keep the test short.
+    (directory / "ops.yaml").write_text("version: 1\nsubscriptions:\n" + subscription_yaml(
+        "ops", hook.url, private=True, rate=0, extra="  job_limit: {max_messages: 10, interval_s: 10}\n"))
+    services.env.update(ENV)
+    services.start("notifier", "--notifications", str(directory), "--notify-dir", str(tmp_path / "queue"),
+                   "--store", str(services.store))
+    time.sleep(3.0)  # its group joined
+    proc = services.submit("--job-id", job_id, "--args", "", "--", sys.executable,
+                           _program(tmp_path, "messages.py", MESSAGES))
+    out = _finish(services, proc)
+    assert "1000 of 1000 messages taken" in out, out
+    print("\n" + next(line for line in out.splitlines() if "messages taken" in line))
+
+    def rows():
+        return [r for r in services.history(job_id) if r["category"].startswith("custom_message")]
+
+    wait_for(lambda: len(rows()) >= 31, 60, "the job's custom message rows")
+    found = rows()
+    kept = [r for r in found if r["rule"] == "sdk_custom_message"]
+    assert len(kept) == 30, len(kept)
+    [dropped] = [r for r in found if r["rule"] == "custom_messages_dropped"]
+    assert dropped["error_message"].startswith("970 custom messages of this job dropped"), dropped
+    def sent():
+        return list({r.webhook_id: json.loads(r.body) for r in hook.requests}.values())
+
+    def customs():
+        return [m["data"] for m in sent() if m["type"] == "custom.message"]
+
+    # Each of the engine's 31 custom-message events is sent, or counted in a sent one's suppressed_count.
+    wait_for(lambda: sum(1 + m["suppressed_count"] for m in customs()) == 31
+             and "job.succeeded" in [m["type"] for m in sent()], 60, "every event sent or counted")
+    time.sleep(2.0)  # nothing more comes
+    print(f"\n1,000 custom messages: {len(found)} history rows, {len(sent())} webhooks")
+    # The job's first window: 10 messages; then the latest held of each type when it ends, and
+    # the dropped count's row (with job.succeeded) in a later window if the job outlasts it.
+    assert len(customs()) <= 12 and len(sent()) <= 13, [m["type"] for m in sent()]
+    assert sum(1 + m["suppressed_count"] for m in customs()) == 31, customs()
+    assert customs()[-1]["message"].startswith("970 custom messages of this job dropped"), customs()[-1]
