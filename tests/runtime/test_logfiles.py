@@ -108,3 +108,13 @@ def test_log_file_flags_out_of_range_are_refused_naming_the_flag(max_mb, keep, f
 def test_the_default_limits_are_64_mib_and_two_rotated_files():
     limits, problem = limits_from_flags(64, 2)
     assert limits == LogFileLimits() == LogFileLimits(64 * MIB, 2) and not problem
+
+
+def test_run_says_at_the_end_how_many_lines_its_files_left_out(tmp_path):
+    said = []
+    logs = InstanceLogs(tmp_path, said.append, LogFileLimits(MIB, keep=1))
+    for _ in range(3 * 1024 + 7):
+        logs.write(LogLine(job_id="j", time=0.0, instance="w", round=0, start=0, text=LINE, stream=Stream.STDOUT))
+    logs.close()
+    assert said == ["1031 output lines were left out of the --log-dir files: they filled --log-file-max-mb x "
+                    "(--log-files-kept + 1) faster than rotated files may go (the run saw every line)"]

@@ -187,7 +187,8 @@ class ConsoleReporter:
                               + (f" [dim]spot {_cost_text(d)}[/]" if d.cost is not None else ""))
             return
         if d.kind is DecisionKind.NOTIFY:
-            err_console.print(f"[{style}]trainwarden ▸ message from {d.instance}: {_escape(d.error_message)}[/]")
+            who = d.instance or "the job"  # a job's own row (custom_messages_dropped) names no instance
+            err_console.print(f"[{style}]trainwarden ▸ message from {who}: {_escape(d.error_message)}[/]")
             return
         what = d.error_source.value if d.error_source else "job"
         who = f"{d.instance} " if d.instance else ""

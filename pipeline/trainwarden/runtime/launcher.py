@@ -174,6 +174,11 @@ class InstanceLogs:
     def close(self) -> None:
         for key in list(self._files):
             self._close(key)
+        left_out = self.counters.log_lines_unwritten
+        if left_out:
+            self.on_error(f"{left_out} output lines were left out of the --log-dir files: they filled "
+                          f"--log-file-max-mb x (--log-files-kept + 1) faster than rotated files may go "
+                          f"(the run saw every line)")
 
     def _close(self, key) -> None:
         handle = self._files.pop(key)
