@@ -6,7 +6,10 @@ counted, and the count is told in one row of its own (rule
 that ends the job. A job that sends 1,000 messages in a second thus makes
 the window's rows plus one, not 1,000 rows and 1,000 webhooks.
 
-Pure: the window is judged on ``now``, the deciding process's clock.
+Pure: the window is judged on ``now``, the deciding process's clock. A
+processor's replay steps events with their own times, so it may keep a few
+other messages of a window than the live step did; the ones it keeps anew
+are published again (at most a window's worth), none is lost.
 """
 
 from __future__ import annotations
