@@ -37,3 +37,20 @@ def test_an_unusable_log_dir_is_a_usage_error_before_anything_starts(cli, job_id
     blocker.write_text("")
     result = cli("run", "--log-dir", str(blocker / "logs"), "--job-id", job_id, "--", sys.executable, "-c", "")
     assert result.code == 2 and "--log-dir" in result.err and "Traceback" not in result.err, result
+
+
+def test_a_log_file_size_out_of_range_is_a_usage_error_naming_the_flag(cli, job_id, tmp_path):
+    result = cli("run", "--log-dir", str(tmp_path / "logs"), "--log-file-max-mb", "0", "--job-id", job_id, "--",
+                 sys.executable, "-c", "")
+    assert result.code == 2 and "--log-file-max-mb must be from 1" in result.err, result
+    assert "Traceback" not in result.err
+
+
+def test_the_output_files_of_a_run_rotate_at_the_size_given(cli, job_id, tmp_path):
+    logs = tmp_path / "logs"
+    flood = "import sys\nfor _ in range(1100):\n    sys.stdout.write('x' * 1023 + '\\n')\n"
+    result = cli("run", "--quiet", "--log-dir", str(logs), "--log-file-max-mb", "1", "--log-files-kept", "1",
+                 "--job-id", job_id, "--", sys.executable, "-c", flood)
+    assert result.code == 0, result
+    out = logs / job_id / "worker-0" / "r0-s0.stdout.log"
+    assert out.with_name(out.name + ".1").stat().st_size == 1024 * 1024 and out.stat().st_size == 76 * 1024

@@ -19,7 +19,8 @@ from trainwarden.bus import base
 from trainwarden.bus.messages import DeadLetterMessage, WireLogLine
 from trainwarden.bus.serde import decode
 from trainwarden.jobspec import JOB_ID_RE
-from trainwarden.runtime import local
+from trainwarden.runtime import local, logfiles
+from trainwarden.runtime.logfiles import rotated
 from tests.deploy.support import (
     VECTOR_CONFIG,
     VECTOR_TESTS,
@@ -134,6 +135,20 @@ def test_the_file_source_reads_the_agents_log_dir_from_the_beginning_with_checkp
     # Same first lines are common across instances: a checksum fingerprint
     # would merge their files.
     assert source["fingerprint"]["strategy"] == "device_and_inode"
+
+
+def test_a_rotated_output_file_is_read_to_its_end_and_never_taken_for_a_new_file(config, path_regex):
+    source = config["sources"]["agent_log_files"]
+    live = Path(_agent_path("/var/log/trainwarden", "job-1", "worker-0", 0, 0, "stdout"))
+    pattern = source["include"][0].rsplit("/", 1)[-1]
+    assert live.match(pattern) and path_regex.search(str(live))
+    for index in (1, 2, logfiles.MAX_KEEP):
+        assert not rotated(live, index).match(pattern)  # never discovered under its rotated name
+    # A renamed file is followed by its handle until read to the end: no rotate_wait limit.
+    assert "rotate_wait_secs" not in source and "remove_after_secs" not in source
+    # Vector remembers a finished file's inode for 60 s (and discovers files every cooldown):
+    # a rotated file is deleted only later, so a new file reusing its inode is not skipped.
+    assert logfiles.MIN_ROTATED_AGE_S > 60 + source["glob_minimum_cooldown_ms"] / 1000
 
 
 def test_the_longest_line_an_agent_writes_is_not_discarded(config):

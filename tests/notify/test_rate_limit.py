@@ -115,3 +115,49 @@ def test_drain_can_release_held_messages_for_a_run_that_is_about_to_exit(receive
     assert notifier.drain(0.5) is False  # the held one waits for its window
     assert notifier.drain(5, release_held=True)
     assert [m["data"]["suppressed_count"] for m in messages(hook)] == [0, 1]
+
+
+def custom(i: int, job: str = "chatty", at: float = T0):
+    decision = Decision(kind=DecisionKind.NOTIFY, reason=Reason.CUSTOM_MESSAGE, rule="sdk_custom_message", job_id=job,
+                        time=at, round=0, action_id=f"{job}-message-{i}", error_source=ErrorSource.SDK,
+                        instance="worker-0", error_message=f"message {i}", category="custom_message")
+    [event] = events_from_decision(decision)
+    return event
+
+
+def test_one_job_cannot_flood_a_receiver_even_with_the_per_type_limit_off(receiver, subs_dir, notifier_for):
+    hook = receiver()
+    clock = Clock()
+    notifier = notifier_for(subs_dir(subscription_yaml("ops", hook.url, rate=0, extra="  job_limit: "
+                                                       "{max_messages: 5, interval_s: 60}\n")), clock=clock)
+    for i in range(1000):
+        clock.now = T0 + i * 0.01
+        notifier.submit(custom(i, at=clock.now))
+        if i < 3:
+            notifier.submit(restart(i, job="chatty", at=clock.now))
+        notifier.run_once()
+    assert [json.loads(r.body)["type"] for r in hook.requests] == ["custom.message", "job.restarted"] * 2 + [
+        "custom.message"]  # the job's five of the window, whatever their types
+    assert notifier.stats()["job_suppressed"] == 1000 + 3 - 5
+    notifier.submit(restart(0, job="quiet", at=clock.now))  # another job has its own window
+    notifier.run_once()
+    assert len(hook.requests) == 6
+    clock.now = T0 + 61
+    notifier.run_once()
+    notifier.run_once()
+    sent = messages(hook)
+    # The window's end sends the latest of each type held, counting the ones it replaced.
+    assert len(sent) == 8, [m["type"] for m in sent]
+    assert sum(1 + m["data"]["suppressed_count"] for m in sent if m["data"]["job_id"] == "chatty") == 1003
+    last = {m["type"]: m["data"] for m in sent[6:]}
+    assert last["custom.message"]["message"] == "message 999" and last["job.restarted"]["round"] == 2
+
+
+def test_the_job_limit_defaults_to_20_messages_a_minute_and_zero_switches_it_off(subs_dir, tmp_path):
+    from trainwarden.notify.config import load_subscriptions
+
+    [default] = load_subscriptions(subs_dir(subscription_yaml("a", "https://example.com/hook"))).subscriptions
+    assert (default.job_limit.max_messages, default.job_limit.interval_s) == (20, 60.0)
+    loaded = load_subscriptions(subs_dir(subscription_yaml("b", "https://example.com/hook", extra="  job_limit: "
+                                         "{interval_s: 0}\n"), name="b.yaml")).subscriptions
+    assert {s.name: s.job_limit.interval_s for s in loaded} == {"a": 60.0, "b": 0.0}

@@ -22,7 +22,8 @@ from trainwarden.bus.base import read_to_end
 from trainwarden.bus.messages import Heartbeat, NodeState
 from trainwarden.bus.serde import DecodeError, decode, encode
 from trainwarden.cli.notify_cmd import add_notify_options, notify_options
-from trainwarden.cli.output import ConsoleReporter, add_output_options, err_console, examples, fail, iso, listing
+from trainwarden.cli.output import (ConsoleReporter, add_log_file_options, add_output_options, err_console, examples,
+                                    fail, iso, listing)
 from trainwarden.cli.stores import store_target
 from trainwarden.events import DecisionKind
 from trainwarden.jobspec import from_command, load_job_file, parse_preload
@@ -77,6 +78,7 @@ def add_commands(sub) -> None:
     _option(agent, "--run-as", metavar="USER",
             help="start the instances as this user (a name or UID[:GID]), with its group and no other: a job "
                  "must not run as the agent's user, who can read the signing key (the agent runs as root)")
+    add_log_file_options(agent)
     _service_options(agent)
 
     processor = sub.add_parser("processor", help="run the stream processor: the engine over Kafka", **examples(
@@ -363,6 +365,7 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
     reload = None
     if args.command == "agent":
         from trainwarden.runtime.c4d_source import c4d_flags_problem
+        from trainwarden.runtime.logfiles import limits_from_flags
         from trainwarden.services.agent import Agent
 
         if not 1 <= args.slots <= 4096:
@@ -374,13 +377,18 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
         refused = c4d_flags_problem(args.c4d_log, args.c4d_socket)
         if refused:
             return fail(*refused)
+        log_limits, problem = limits_from_flags(args.log_file_max_mb, args.log_files_kept)
+        if log_limits is None:
+            return fail(problem, hint="for example --log-file-max-mb 64 --log-files-kept 2")
         service = Agent(bus, args.node, args.slots, log_dir, address=args.address, ship_logs=not args.no_ship_logs,
                         c4d_log=Path(args.c4d_log) if args.c4d_log else None,
                         c4d_socket=Path(args.c4d_socket) if args.c4d_socket else None,
-                        slurm_dir=Path(args.slurm_dir) if args.slurm_dir else None, run_as=run_as)
+                        slurm_dir=Path(args.slurm_dir) if args.slurm_dir else None, run_as=run_as,
+                        log_limits=log_limits)
         observer.watch(lambda: service.counters, [
             ("agent_instances_running", "Instances this agent runs now.", lambda: len(service.running)),
-            ("agent_slots", "Instances this node can run at once.", lambda: service.slots)])
+            ("agent_slots", "Instances this node can run at once.", lambda: service.slots),
+            ("agent_sdk_connections", "SDK connections open now.", lambda: service.control.open_connections)])
         observer.readiness_check(lambda: directory_writable(log_dir, "the log directory"))
         label = f"agent {args.node} ({args.slots} slots, logs in {log_dir}" + (
             f", instances run as {run_as.describe()})" if run_as else ")")

@@ -14,7 +14,8 @@ from typing import Optional, Sequence
 
 from trainwarden.cli.completion import SHELLS, script
 from trainwarden.cli.notify_cmd import add_notify_options
-from trainwarden.cli.output import ExamplesFormatter, UsageError, add_output_options, examples, fail
+from trainwarden.cli.output import (ExamplesFormatter, UsageError, add_log_file_options, add_output_options,
+                                    examples, fail)
 from trainwarden.events import ErrorSource
 from trainwarden.hardening import protect
 from trainwarden.settings import SettingsError
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-dir", metavar="DIR", default=os.environ.get("TRAINWARDEN_LOG_DIR"),
                      help="also write each instance's output to DIR/JOB/INSTANCE/rROUND-sSTART.STREAM.log, as the "
                           "agents do (default: $TRAINWARDEN_LOG_DIR, else no files)")
+    add_log_file_options(run)
     run.add_argument("--stack-tools", default=os.environ.get("TRAINWARDEN_STACK_TOOLS", "py-spy,pystack"),
                      help="tools for stack snapshots of a hung job, in order of preference (default py-spy,pystack;"
                           " 'none' to skip)")

@@ -187,7 +187,8 @@ class ConsoleReporter:
                               + (f" [dim]spot {_cost_text(d)}[/]" if d.cost is not None else ""))
             return
         if d.kind is DecisionKind.NOTIFY:
-            err_console.print(f"[{style}]trainwarden ▸ message from {d.instance}: {_escape(d.error_message)}[/]")
+            who = d.instance or "the job"  # a job's own row (custom_messages_dropped) names no instance
+            err_console.print(f"[{style}]trainwarden ▸ message from {who}: {_escape(d.error_message)}[/]")
             return
         what = d.error_source.value if d.error_source else "job"
         who = f"{d.instance} " if d.instance else ""
@@ -203,3 +204,23 @@ class ConsoleReporter:
 
     def info(self, text: str) -> None:
         err_console.print(f"[dim]trainwarden ▸ {_escape(text)}[/]")
+
+
+
+def add_log_file_options(parser) -> None:
+    """``--log-file-max-mb`` and ``--log-files-kept``: where instance output
+    files are written (``run --log-dir``, every agent), each rotates at a size
+    (runtime/logfiles.py). An environment value is checked like a flag's
+    (argparse converts a string default)."""
+    import os
+
+    from trainwarden.runtime.logfiles import DEFAULT_KEEP, DEFAULT_MAX_MB
+
+    parser.add_argument("--log-file-max-mb", type=int, metavar="MIB",
+                        default=os.environ.get("TRAINWARDEN_LOG_FILE_MAX_MB") or DEFAULT_MAX_MB,
+                        help=f"an instance output file rotates at this size (default {DEFAULT_MAX_MB}) "
+                             "[env TRAINWARDEN_LOG_FILE_MAX_MB]")
+    parser.add_argument("--log-files-kept", type=int, metavar="N",
+                        default=os.environ.get("TRAINWARDEN_LOG_FILES_KEPT") or DEFAULT_KEEP,
+                        help=f"rotated files kept per output file, NAME.1 .. NAME.N (default {DEFAULT_KEEP}) "
+                             "[env TRAINWARDEN_LOG_FILES_KEPT]")

@@ -20,6 +20,7 @@ from trainwarden.rules.loader import load_rules
 from trainwarden.runtime.c4d_source import C4DChannelError, c4d_flags_problem
 from trainwarden.runtime.run_as import RunAsError
 from trainwarden.runtime.run_as import resolve as resolve_run_as
+from trainwarden.runtime.logfiles import limits_from_flags
 from trainwarden.services.embedded import HISTORY_WAIT_S, EmbeddedRun
 from trainwarden.settings import parse_args_string
 from trainwarden.spot.market import open_market
@@ -76,6 +77,9 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     log_dir = _log_dir(args.log_dir)
     if isinstance(log_dir, int):
         return log_dir
+    log_limits, problem = limits_from_flags(args.log_file_max_mb, args.log_files_kept)
+    if log_limits is None:
+        return fail(problem, hint="for example --log-file-max-mb 64 --log-files-kept 2")
     writer = open_writer(store_dir)
     as_json = args.output == "json"
     reporter = JsonReporter(quiet_output=args.quiet) if as_json else ConsoleReporter(quiet_output=args.quiet)
@@ -97,7 +101,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     try:
         result = EmbeddedRun(job, pack, writer, reporter, stack_tools=tools, stack_timeout_s=args.stack_timeout,
                              **c4d_flags, notify=notify, market=market, spot=bids, log_dir=log_dir,
-                             history_wait_s=history_wait, run_as=run_as).run()
+                             log_limits=log_limits, history_wait_s=history_wait, run_as=run_as).run()
     except QueueError as exc:
         return fail(str(exc), hint="give this run its own --notify-dir, or wait for the other one to finish")
     except C4DChannelError as exc:

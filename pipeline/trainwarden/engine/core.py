@@ -11,7 +11,7 @@ from typing import Optional
 import msgspec
 
 from trainwarden.diagnose.advice import WATCHDOG_MARK, advised_interval, watchdog_timeout
-from trainwarden.engine import failures, preemption, progress, spot, timers
+from trainwarden.engine import failures, messages, preemption, progress, spot, timers
 from trainwarden.engine.decide import apply, guarded, make_decision
 from trainwarden.engine.state import InstanceStatus, JobState, JobStatus, new_job_state
 from trainwarden.events import (
@@ -38,6 +38,7 @@ from trainwarden.sdk.protocol import MAX_STEP
 from trainwarden.settings import JobSettings, SettingsError, parse_args_string
 
 MAX_KEYWORDS = 1000
+_ENDINGS = (DecisionKind.FAIL_JOB, DecisionKind.COMPLETE_JOB)
 C4D_LEVELS = ("Info", "Warning", "Error")
 _NO_DECISIONS: list = []  # shared and never mutated: the common answer to a log line
 
@@ -74,6 +75,8 @@ def step(state: JobState, event: Event, now: float) -> tuple[JobState, list[Deci
         return state, []
     handler = _HANDLERS.get(type(event))
     decisions = handler(state, event, now) if handler else []
+    if state.messages_dropped and any(d.kind in _ENDINGS for d in decisions):
+        decisions = messages.tell_dropped(state, now, ending=True) + decisions  # told before the job ends
     if state.spot is not None and decisions:
         return state, spot.settle(state, decisions, now)
     for decision in decisions:
@@ -141,11 +144,7 @@ def _on_sdk(state: JobState, event: SdkMessage, now: float) -> list[Decision]:
                 state.custom_keywords.append(keyword)
         return []
     if op is SdkOp.CUSTOM_MESSAGE:
-        state.sdk_seq += 1
-        inst = state.instances.get(event.instance)
-        return [make_decision(state, DecisionKind.NOTIFY, Reason.CUSTOM_MESSAGE, "sdk_custom_message", now,
-                              fault_key=("sdk", state.sdk_seq), source=ErrorSource.SDK, inst=inst,
-                              message=event.content, category="custom_message", detected_at=event.time)]
+        return messages.on_custom_message(state, event, now)
     if op is SdkOp.REPORT_PROGRESS:
         inst = state.current(event.instance, event.round, event.start)
         # From the bus: a step out of the SDK's range is not the SDK's.
@@ -165,11 +164,12 @@ def _on_sdk(state: JobState, event: SdkMessage, now: float) -> list[Decision]:
 
 
 def _on_tick(state: JobState, event: Tick, now: float) -> list[Decision]:
+    told = messages.tell_dropped(state, now)
     if state.pending_failures is not None:
         decisions = failures.settle_pending(state, now)
         if decisions:
-            return decisions
-    return timers.check_timers(state, now)
+            return told + decisions
+    return told + timers.check_timers(state, now)
 
 
 def _on_activity(state: JobState, event: InstanceActivity, now: float) -> list[Decision]:

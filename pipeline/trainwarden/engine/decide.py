@@ -6,7 +6,8 @@ from typing import Optional
 
 from trainwarden.engine import progress
 from trainwarden.engine.limits import first_limit_reached
-from trainwarden.engine.state import InstanceState, InstanceStatus, JobState, JobStatus, SpotPhase
+from trainwarden.engine.state import (DROPPED_MESSAGES_RULE, InstanceState, InstanceStatus, JobState, JobStatus,
+                                      SpotPhase)
 from trainwarden.events import Decision, DecisionKind, ErrorSource, Reason, action_id
 
 MAX_MESSAGE = 4000
@@ -62,6 +63,8 @@ def apply(state: JobState, decision: Decision) -> None:
     """Move the state to where the decision leads, before the actuator acts:
     events of the incarnations it ends are stale from now on."""
     kind = decision.kind
+    if decision.rule == DROPPED_MESSAGES_RULE:
+        state.messages_dropped = 0  # told (engine/messages.py)
     if kind in (DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB, DecisionKind.COMPLETE_JOB, DecisionKind.REQUEUE):
         # Failures still waiting for attribution belong to the round that ends.
         state.pending_failures = None

@@ -19,6 +19,9 @@ from trainwarden.settings import JobSettings
 # Roles that run until told to stop (TensorFlow parameter servers); the job is
 # done when every other instance has succeeded.
 NON_FINISHING_ROLES = frozenset({"ps"})
+# The rule of the row that counts dropped custom messages (engine/messages.py);
+# applying it sets the count back.
+DROPPED_MESSAGES_RULE = "custom_messages_dropped"
 
 
 class InstanceStatus(str, enum.Enum):
@@ -139,6 +142,12 @@ class JobState:
     best_step: int = -1
     round_best_at_start: int = -1
     no_progress_restarts: int = 0
+    # engine/messages.py: custom messages kept in the window that ends at
+    # messages_window_end, and those dropped (not told yet; in all).
+    messages_window_end: float = 0.0
+    messages_in_window: int = 0
+    messages_dropped: int = 0
+    messages_dropped_total: int = 0
 
     @property
     def finished(self) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from trainwarden.notify.events import EVENT_TYPES, Severity
-from trainwarden.notify.model import RetryPolicy, Subscription, SubscriptionSet, Target
+from trainwarden.notify.model import JobLimit, RetryPolicy, Subscription, SubscriptionSet, Target
 from trainwarden.notify.safety import ENV_REF, env_names, header_problem, host_problem, url_problem
 from trainwarden.notify.templates import TemplateSet, check_template
 from trainwarden.yamlsrc import ConfigError, Fields, LineDict, load_yaml_file
@@ -107,6 +107,7 @@ class _Loader:
             secret=_secret(fields),
             content_type=_content_type(fields),
             rate_limit_s=_rate_limit(fields),
+            job_limit=_job_limit(fields),
             retry=_retry(fields),
             template=self._template(fields, name, lines),
             origin=origin,
@@ -242,6 +243,22 @@ def _rate_limit(fields: Fields) -> float:
         raise sub.error("interval_s", "'interval_s' must be from 0 (no limit) to 86400 seconds")
     sub.done()
     return float(interval)
+
+
+def _job_limit(fields: Fields) -> JobLimit:
+    raw = fields.get("job_limit", dict, None)
+    if raw is None:
+        return JobLimit()
+    sub = Fields(raw, fields.path, "'job_limit'", fields.line("job_limit"))
+    default = JobLimit()
+    most = sub.get("max_messages", int, default.max_messages)
+    interval = sub.get("interval_s", (int, float), default.interval_s)
+    sub.done()
+    if not 1 <= most <= 10_000:
+        raise sub.error("max_messages", "'max_messages' must be from 1 to 10000")
+    if not 0 <= interval <= 86_400:
+        raise sub.error("interval_s", "'interval_s' must be from 0 (no limit) to 86400 seconds")
+    return JobLimit(max_messages=most, interval_s=float(interval))
 
 
 def _retry(fields: Fields) -> RetryPolicy:

@@ -27,6 +27,15 @@ class RetryPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
+class JobLimit:
+    """At most ``max_messages`` messages of one job per ``interval_s``,
+    whatever their types, so that no job floods a receiver; 0 s: off."""
+
+    max_messages: int = 20
+    interval_s: float = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Target:
     url: str
     method: str = "POST"
@@ -57,6 +66,7 @@ class Subscription:
     content_type: str = "application/json"
     rate_limit_s: float = 60.0  # at most one message per (subscription, job, type) per interval; 0: off
     retry: RetryPolicy = RetryPolicy()
+    job_limit: JobLimit = JobLimit()
     origin: str = ""  # file:line
 
     def matches(self, event: NotificationEvent) -> bool:

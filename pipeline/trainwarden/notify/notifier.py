@@ -11,7 +11,12 @@ different subscriptions are served by parallel workers.
 Rate limiting: at most one message per (subscription, job, type) per
 ``rate_limit_s``. Events inside a window are suppressed; the latest one is
 held and sent when the window ends, carrying how many were suppressed before
-it, so every event is either sent or counted in exactly one message.
+it, so every event is either sent or counted in exactly one message. Over
+that, per (subscription, job) whatever the types, at most
+``job_limit.max_messages`` messages go out per ``job_limit.interval_s``: an
+event past it is held the same way (the latest of its type, counted) until
+the job's window ends, so one job cannot flood a receiver even with the
+per-type limit off.
 """
 
 from __future__ import annotations
@@ -85,6 +90,8 @@ class Notifier:
         self._closed = False
         state = self.queue.read_state()
         self.windows: dict[str, float] = dict(state.get("windows", {}))
+        # (subscription, job) -> [start of its window, messages sent in it]: the job limit.
+        self.job_windows: dict[str, list] = {k: list(v) for k, v in state.get("job_windows", {}).items()}
         # A subscription stays disabled (410) only while its target is unchanged.
         self.disabled = {name: fp for name, fp in state.get("disabled", {}).items()
                          if name in self.subs and self.subs[name].target.fingerprint() == fp}
@@ -145,6 +152,8 @@ class Notifier:
             old = None
         in_window = old is not None or (
             sub.rate_limit_s > 0 and start is not None and now < start + sub.rate_limit_s)
+        job_full = self._job_full(sub, event.job_id, now)
+        in_window = in_window or job_full is not None
         if old is None and self._full():
             return self._terminal(did, event, sub, S.DEAD, f"queue full ({len(self.queue.entries)} pending)", now)
         suppressed, since = (old.suppressed + 1, old.suppressed_since or old.time) if old else (0, 0.0)
@@ -156,19 +165,47 @@ class Notifier:
                       job_id=event.job_id, event_type=event.type, time=event.time, due=now, body=body,
                       held=in_window, suppressed=suppressed, suppressed_since=since)
         if in_window:
-            entry.due = old.due if old is not None else start + sub.rate_limit_s
+            if old is not None:
+                entry.due = old.due
+            else:  # held until both the type's window and the job's allow
+                ends = [start + sub.rate_limit_s] if sub.rate_limit_s > 0 and start is not None else []
+                entry.due = max(ends + ([job_full] if job_full is not None else []))
             self.queue.put(entry)
             if old is not None:
                 self.queue.finish([old])  # its record already says suppressed; it stays so
                 self._versions.pop(old.delivery_id, None)
             self.held[key] = did
             self.counters["suppressed"] += 1
+            if job_full is not None:
+                self.counters["job_suppressed"] += 1
             return self._record(_ref(did, event, sub), S.SUPPRESSED, now=now)
         self.queue.put(entry)
+        opened = self._count_job(sub, event.job_id, now)
         if sub.rate_limit_s > 0:
             self.windows[key] = now
+        if sub.rate_limit_s > 0 or opened:
             self._save_state(now)
         return None
+
+    def _job_full(self, sub: Subscription, job_id: str, now: float) -> Optional[float]:
+        """When the job's window ends, if the job has sent its most in it; else None."""
+        limit = sub.job_limit
+        window = self.job_windows.get(_key(sub.name, job_id, ""))
+        if limit.interval_s <= 0 or window is None or now >= window[0] + limit.interval_s:
+            return None
+        return window[0] + limit.interval_s if window[1] >= limit.max_messages else None
+
+    def _count_job(self, sub: Subscription, job_id: str, now: float) -> bool:
+        """One more message of the job goes out; True when it opened a window."""
+        if sub.job_limit.interval_s <= 0:
+            return False
+        key = _key(sub.name, job_id, "")
+        window = self.job_windows.get(key)
+        if window is not None and now < window[0] + sub.job_limit.interval_s:
+            window[1] += 1
+            return False
+        self.job_windows[key] = [now, 1]
+        return True
 
     def _terminal(self, did: str, event: NotificationEvent, sub: Subscription, status: DeliveryStatus,
                   error: str, now: float) -> DeliveryRecord:
@@ -254,6 +291,7 @@ class Notifier:
                 entry.held = False
                 self.held.pop(key, None)
                 self.windows[key] = now
+                self._count_job(self.subs[name], entry.job_id, now)
                 self._save_state(now)
             self._inflight.add(name)
             picks.append(entry)
@@ -413,7 +451,9 @@ class Notifier:
     def _save_state(self, now: float) -> None:
         horizon = max((s.rate_limit_s for s in self.subs.values()), default=0.0)
         self.windows = {k: v for k, v in self.windows.items() if v + horizon > now}
-        self.queue.write_state({"windows": self.windows, "disabled": self.disabled})
+        job_horizon = max((s.job_limit.interval_s for s in self.subs.values()), default=0.0)
+        self.job_windows = {k: v for k, v in self.job_windows.items() if v[0] + job_horizon > now}
+        self.queue.write_state({"windows": self.windows, "job_windows": self.job_windows, "disabled": self.disabled})
 
     def _record(self, item: Entry, status: DeliveryStatus, result: Optional[Attempt] = None,
                 error: str = "", now: float = 0.0) -> DeliveryRecord:

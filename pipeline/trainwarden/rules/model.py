@@ -192,6 +192,11 @@ class RulePack:
     # A job that never reports its progress (SDK report_progress) made
     # progress in a round that ran this long (engine/progress.py).
     progress_min_run_s: float = 1800.0
+    # Custom messages (SDK) of one job that become a history row and a
+    # notification each, per window; the rest are dropped and counted
+    # (engine/messages.py).
+    custom_messages_per_window: int = 30
+    custom_messages_window_s: float = 60.0
     # What the words of a tail say, learned from real failures
     # (evidence/lexical.py); weighed where the catalogue has only weak
     # evidence. None: the catalogue alone.

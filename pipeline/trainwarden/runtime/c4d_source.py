@@ -35,10 +35,18 @@ import threading
 from pathlib import Path
 from typing import Callable, Optional
 
+from trainwarden.runtime.connections import BoundedUnixServer, RefusalLog
 from trainwarden.runtime.control import ControlServer, descends_from, peer_of
 
 POLL_S = 0.2
 MAX_LINE = 64 * 1024
+# Collectors connected at once (one is usual; a restart may overlap the old one).
+MAX_COLLECTORS = 8
+# Connections of one job's processes at once, each held at most REFUSE_READ_S
+# while its attempt is read for the dead letter.
+MAX_REFUSING = 2
+REFUSE_READ_S = 1.0
+COLLECTORS = "C4D collectors"
 
 
 class FileFollower:
@@ -205,27 +213,32 @@ def job_process(pid: int, control: ControlServer) -> Optional[str]:
 
 
 class C4DSocket:
-    """``--c4d-socket PATH``: lines from C4D's collector; a job's process is refused."""
+    """``--c4d-socket PATH``: lines from C4D's collector; a job's process is refused.
+
+    Bounded (runtime/connections.py): at most ``MAX_COLLECTORS`` collectors
+    at once, and a job's processes at most ``MAX_REFUSING`` connections at
+    once per job, each read for its first line (at most ``REFUSE_READ_S``)
+    only while its refusals are still told one by one; the others are
+    counted and closed at once. A collector may stay connected and quiet for
+    as long as it likes: it has no idle limit."""
 
     def __init__(self, path: Path, on_line: Callable[[str], None], on_refused: Callable[[str, str], None],
                  control: ControlServer):
         self.path = Path(path)
         self.lines = 0
-        self.refused = 0
         problem = socket_problem(str(path))
         if problem:
             raise C4DChannelError(problem)
         channel = self
+        self.refusals = RefusalLog(lambda origin, reason, count: on_refused(
+            f"C4D line refused: {count} more connections of {origin} in the last {self.refusals.every_s:g} s "
+            f"(the last: {reason}); only C4D's collector may write to the C4D socket", ""))
 
         class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
-                try:
-                    peer = peer_of(self.request)
-                except OSError:
-                    return
-                why = job_process(peer.pid, control)
-                if why is not None:
-                    channel._refuse(self, why, on_refused)
+                admitted = self.server.admitted(self.request)
+                if admitted.peer:
+                    channel._refuse(self, admitted.origin, admitted.peer, on_refused)
                     return
                 while True:
                     try:
@@ -240,22 +253,42 @@ class C4DSocket:
                     channel.lines += 1
                     on_line(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
 
-        class Server(socketserver.ThreadingUnixStreamServer):
-            daemon_threads = True
+        def origin_of(conn: socket.socket) -> tuple[str, str]:
+            """(origin, why it is a job's process, or "" for a collector)."""
+            pid = peer_of(conn).pid
+            why = job_process(pid, control)
+            if why is None:
+                return COLLECTORS, ""
+            found = control.attribute(pid)
+            return (f"job {found[1].job_id}" if found else "processes of jobs outside their trees"), why
+
+        def over_cap(conn: socket.socket, origin: str, reason: str, tell: bool) -> None:
+            if tell:
+                on_refused(f"C4D connection refused: {reason}", "")
 
         self.path.unlink(missing_ok=True)  # checked above: a socket left by a predecessor
         try:
-            self._server = Server(str(self.path), Handler)
+            self._server = BoundedUnixServer(
+                str(self.path), Handler, total=MAX_COLLECTORS + 4 * MAX_REFUSING, origin_of=origin_of,
+                cap_of=lambda origin: MAX_COLLECTORS if origin == COLLECTORS else MAX_REFUSING,
+                refusals=self.refusals, on_over_cap=over_cap)
         except OSError as exc:
             raise C4DChannelError(f"--c4d-socket {path}: cannot listen on it ({exc.strerror})") from None
         os.chmod(self.path, 0o600)  # the collector runs as this user or as root
         self._thread = threading.Thread(target=self._server.serve_forever, name="c4d-socket", daemon=True)
         self._thread.start()
 
-    def _refuse(self, handler, why: str, on_refused: Callable[[str, str], None]) -> None:
-        """Counted and dead-lettered with the first line it tried, then hung up on."""
-        self.refused += 1
-        handler.request.settimeout(1.0)
+    @property
+    def refused(self) -> int:
+        """Connections refused so far, told or only counted."""
+        return self.refusals.total
+
+    def _refuse(self, handler, origin: str, why: str, on_refused: Callable[[str, str], None]) -> None:
+        """Counted; while this origin's refusals are told one by one,
+        dead-lettered with the first line it tried; then hung up on."""
+        if not self.refusals.refuse(origin, why):
+            return
+        handler.request.settimeout(REFUSE_READ_S)
         try:
             attempt = handler.rfile.readline(MAX_LINE).decode("utf-8", errors="replace").rstrip("\r\n")
         except OSError:

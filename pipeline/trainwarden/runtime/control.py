@@ -19,6 +19,13 @@ A valid request becomes an SdkMessage handed to the service loop together
 with a reply slot; the answer is sent only once the loop has stepped the
 engine with it, so a keyword set just before a crash is always known when
 that crash is judged.
+
+Connections are bounded (runtime/connections.py): one incarnation holds at
+most ``MAX_CALLS_PER_INCARNATION`` at once (the processes of no incarnation
+together as many), the endpoint at most ``MAX_CONNECTIONS``, and a
+connection that has not sent its whole request within ``IDLE_S`` is closed.
+One over a limit is answered with the reason and closed at once; refusals
+are counted, and told (``on_refused``) a few per origin per window.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Callable, Iterator, Optional
 
 from trainwarden.events import SdkMessage, SdkOp
 from trainwarden.runtime.clock import now
+from trainwarden.runtime.connections import BoundedUnixServer, RefusalLog, read_line
 from trainwarden.sdk import protocol
 
 # Longer than a restart's stop grace, so an SDK call made while the loop is
@@ -48,6 +56,15 @@ MAX_CHAIN = 4096  # ancestors walked at most (a pid namespace's depth is far bel
 SOCKET_NAME = "sdk.sock"
 # sun_path holds 108 bytes; a long TMPDIR falls back to /tmp.
 MAX_SOCKET_PATH = 100
+# SDK calls one incarnation may have open at once: each of its processes
+# (torchrun's workers, their threads) waits on its own. Past it a call is refused.
+MAX_CALLS_PER_INCARNATION = 16
+# Connections open at once in all (at most a quarter of the process's file limit).
+MAX_CONNECTIONS = 256
+# The SDK sends its request right after connecting: a connection without a
+# whole request by then is closed.
+IDLE_S = 5.0
+UNKNOWN_ORIGIN = "processes of no running incarnation"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,34 +203,75 @@ class ControlServer:
         # Incarnations being stopped: their requests are answered at once,
         # since the loop is busy stopping them and must not be waited for.
         self._stopping: set[str] = set()
+        self.idle_closed = 0  # connections closed without a whole request
         self._changed = threading.Condition()
+        # Every refusal counted; a few per origin and window told through on_refused.
+        self.refusals = RefusalLog(lambda origin, reason, count: self._on_refused(
+            f"{count} more SDK requests of {origin} refused in the last {self.refusals.every_s:g} s "
+            f"(the last: {reason})", b""))
         server = self
 
-        class Handler(socketserver.StreamRequestHandler):
-            timeout = 10
-
+        class Handler(socketserver.BaseRequestHandler):
             def handle(self) -> None:
+                admitted = self.server.admitted(self.request)
                 try:
-                    peer = peer_of(self.request)
-                    line = self.rfile.readline(protocol.MAX_REQUEST_BYTES + 1)
+                    line = read_line(self.request, protocol.MAX_REQUEST_BYTES, IDLE_S)
+                except socket.timeout:
+                    server._idle(admitted.origin)
+                    return
                 except OSError:
                     return
-                ok, text = server._handle(peer, line)
+                ok, text = server._handle(admitted.peer, line, admitted.origin)
                 try:
-                    self.wfile.write(protocol.encode_response(ok, text))
+                    self.request.settimeout(IDLE_S)
+                    self.request.sendall(protocol.encode_response(ok, text))
                 except OSError:
                     pass
-
-        class Server(socketserver.ThreadingUnixStreamServer):
-            daemon_threads = True
 
         self.path = Path(path) if path is not None else private_socket_path()
         self._own_directory = path is None
         self.path.unlink(missing_ok=True)  # a socket left by a killed predecessor
-        self._server = Server(str(self.path), Handler)
+        self._server = BoundedUnixServer(
+            str(self.path), Handler, total=MAX_CONNECTIONS, origin_of=self._origin,
+            cap_of=lambda origin: MAX_CALLS_PER_INCARNATION, refusals=self.refusals, on_over_cap=self._over_cap)
         self.address = str(self.path)
         self._thread = threading.Thread(target=self._server.serve_forever, name="sdk-control", daemon=True)
         self._thread.start()
+
+    # ------------------------------------------------------- connections
+
+    def _origin(self, conn: socket.socket) -> tuple[str, Peer]:
+        """Whose a new connection is, for its limit: the incarnation of the
+        calling process, or all processes of none together."""
+        peer = peer_of(conn)
+        found = self.attribute(peer.pid)
+        if found is None:
+            return UNKNOWN_ORIGIN, peer
+        who = found[1]
+        return f"job {who.job_id}'s instance {who.instance} (round {who.round}, start {who.start})", peer
+
+    def _over_cap(self, conn: socket.socket, origin: str, reason: str, tell: bool) -> None:
+        """A connection over a limit: told why (if it reads at once), then closed."""
+        try:
+            conn.setblocking(False)
+            conn.send(protocol.encode_response(False, f"refused: {reason}; wait for your open SDK calls to end"))
+        except OSError:
+            pass
+        if tell:
+            self._on_refused(f"SDK connection refused: {reason}", b"")
+
+    def _idle(self, origin: str) -> None:
+        with self._changed:
+            self.idle_closed += 1
+        self._report(origin, f"an SDK connection of {origin} sent no whole request within {IDLE_S:g} s", b"")
+
+    def _report(self, origin: str, reason: str, raw: bytes) -> None:
+        if self.refusals.refuse(origin, reason):
+            self._on_refused(reason, raw)
+
+    @property
+    def open_connections(self) -> int:
+        return self._server.open
 
     # ------------------------------------------------------ incarnations
 
@@ -293,11 +351,11 @@ class ControlServer:
 
     # ---------------------------------------------------------- requests
 
-    def _handle(self, peer: Peer, line: bytes) -> tuple[bool, str]:
+    def _handle(self, peer: Peer, line: bytes, origin: str = UNKNOWN_ORIGIN) -> tuple[bool, str]:
         try:
             body = protocol.decode_request(line.rstrip(b"\r\n"))
         except protocol.ProtocolError as exc:
-            self._on_refused(f"{exc} (from pid {peer.pid})", line[:4096])
+            self._report(origin, f"{exc} (from pid {peer.pid})", line[:4096])
             return False, str(exc)
         found = self._attribute_waiting(peer.pid)
         root = self._roots.get(found[0]) if found else None
@@ -309,7 +367,7 @@ class ControlServer:
             # A setuid program below the instance acts for someone else, not for the job.
             reason = f"pid {peer.pid} runs as uid {peer.uid}, its instance as uid {root.uid}"
         if reason:
-            self._on_refused(reason, line[:4096])
+            self._report(origin, reason, line[:4096])
             return False, reason + ": is this process still part of a running job?"
         token, who = found
         with self._changed:

@@ -20,6 +20,7 @@ from trainwarden.runtime.control import ControlServer, Incarnation
 from trainwarden.runtime.environment import free_port, instance_env, job_env, sdk_import_dir
 from trainwarden.runtime.local import LocalRuntime
 from trainwarden.runtime.run_as import RunAs, share_sdk_path
+from trainwarden.runtime.logfiles import LogFileCounters, LogFileLimits, RotatingLogFile
 
 MASTER_ADDR = "127.0.0.1"
 
@@ -136,13 +137,17 @@ def log_file(directory: Path, job_id: str, instance: str, round_: int, start: in
 
 class InstanceLogs:
     """``run --log-dir DIR``: every line of every incarnation appended to its
-    file, as the agents write them. A write that fails (disk full) stops the
-    files, never the job."""
+    file, as the agents write them, each file rotating at ``limits``
+    (runtime/logfiles.py). A write that fails (disk full) stops the files,
+    never the job."""
 
-    def __init__(self, directory: Path, on_error: Callable[[str], None]):
+    def __init__(self, directory: Path, on_error: Callable[[str], None],
+                 limits: LogFileLimits = LogFileLimits()):
         self.directory = Path(directory)
         self.on_error = on_error
-        self._files: dict[tuple[str, int, int, str], object] = {}
+        self.limits = limits
+        self.counters = LogFileCounters()
+        self._files: dict[tuple[str, int, int, str], RotatingLogFile] = {}
         self.failed = False
 
     def write(self, line: LogLine) -> None:
@@ -153,9 +158,8 @@ class InstanceLogs:
             handle = self._files.get(key)
             if handle is None:
                 path = log_file(self.directory, line.job_id, *key)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                handle = self._files[key] = open(path, "a", encoding="utf-8", errors="replace")
-            handle.write(line.text + "\n")
+                handle = self._files[key] = RotatingLogFile(path, self.limits, self.counters)
+            handle.write_line(line.text)
         except OSError as exc:
             self.failed = True
             self.on_error(f"instance log files stopped: {exc}")
@@ -175,6 +179,11 @@ class InstanceLogs:
     def close(self) -> None:
         for key in list(self._files):
             self._close(key)
+        left_out = self.counters.log_lines_unwritten
+        if left_out:
+            self.on_error(f"{left_out} output lines were left out of the --log-dir files: they filled "
+                          f"--log-file-max-mb x (--log-files-kept + 1) faster than rotated files may go "
+                          f"(the run saw every line)")
 
     def _close(self, key) -> None:
         handle = self._files.pop(key)

@@ -27,6 +27,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterable, Optional
 
 from trainwarden.sdk import protocol
@@ -120,9 +121,7 @@ class Monitor:
         try:
             request = protocol.encode_request(op, **fields)
             exiting = sys.is_finalizing()
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                conn.settimeout(EXITING_TIMEOUT_S if exiting else CONNECT_TIMEOUT_S)
-                conn.connect(self.address)
+            with _connected(self.address, EXITING_TIMEOUT_S if exiting else CONNECT_TIMEOUT_S) as conn:
                 conn.settimeout(EXITING_TIMEOUT_S if exiting else REPLY_TIMEOUT_S)
                 conn.sendall(request)
                 reply = _read_line(conn)
@@ -140,6 +139,27 @@ class Monitor:
 def endpoint() -> str:
     """The engine's socket path, or "" without an engine."""
     return os.environ.get("TRAINWARDEN_SDK_SOCKET", "")
+
+
+def _connected(address: str, timeout_s: float) -> socket.socket:
+    """A connection to the endpoint. A full accept backlog (another process
+    floods the endpoint, which refuses the flood at once) is waited out for
+    up to ``timeout_s`` rather than taken for an absent engine."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(timeout_s)
+        try:
+            conn.connect(address)
+            return conn
+        except BlockingIOError:
+            conn.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
+        except BaseException:
+            conn.close()
+            raise
 
 
 def _read_line(conn: socket.socket) -> bytes:

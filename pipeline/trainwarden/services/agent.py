@@ -45,6 +45,7 @@ from trainwarden.runtime.inbox import Inbox
 from trainwarden.runtime.launcher import log_file
 from trainwarden.runtime.local import LocalRuntime
 from trainwarden.runtime.run_as import RunAs, sdk_home, share_sdk_path
+from trainwarden.runtime.logfiles import LogFileLimits, RotatingLogFile
 from trainwarden.runtime.slurm.adopt import SlurmTasks
 
 TAIL_LINES = 500
@@ -85,20 +86,25 @@ class AgentCounters:
     ignored_commands: int = 0
     lines: int = 0
     dead_letters: int = 0
-    c4d_refused: int = 0  # connections to the C4D socket from a job's process
+    c4d_refused: int = 0  # connections to the C4D socket from a job's process (or over its limits)
+    sdk_refused: int = 0  # SDK requests refused: over a connection limit, idle, malformed, of no incarnation
+    log_rotations: int = 0  # instance output files rotated at --log-file-max-mb (runtime/logfiles.py)
+    log_lines_unwritten: int = 0  # lines left out of a full output file (still shipped and tailed)
+    log_write_errors: int = 0  # output file writes that failed (a full disk)
 
 
 class Agent:
     def __init__(self, bus: Bus, node: str, slots: int, log_dir: Path, address: str = "",
                  clock: Callable[[], float] = clock_now, ship_logs: bool = True, c4d_log: Optional[Path] = None,
                  slurm_dir: Optional[Path] = None, c4d_socket: Optional[Path] = None,
-                 run_as: Optional[RunAs] = None):
+                 run_as: Optional[RunAs] = None, log_limits: LogFileLimits = LogFileLimits()):
         self.node = node
         self.run_as = run_as  # the user its instances run as (runtime/run_as.py)
         # False when Vector ships the log files: every line would arrive twice.
         self.ship_logs = ship_logs
         self.slots = slots
         self.log_dir = Path(log_dir)
+        self.log_limits = log_limits
         self.address = address or _own_address()
         self.clock = clock
         self.counters = AgentCounters()
@@ -379,7 +385,6 @@ class Agent:
             self._refused(item[1], item[2])
             return
         if isinstance(item, tuple) and item[0] == "c4d-refused":
-            self.counters.c4d_refused += 1
             self._refused(item[1], item[2].encode(), topic="c4d")
             return
         running = self.running.get((item.job_id, item.instance))
@@ -461,13 +466,16 @@ class Agent:
         pending.resolve(True, "taken")
 
     def _write_file(self, running: _Running, line: LogLine) -> None:
-        handle = running.files.get(line.stream)
-        if handle is None:
-            path = log_file(self.log_dir, running.job_id, running.instance, running.round, running.start,
-                            line.stream.value)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handle = running.files[line.stream] = open(path, "a", encoding="utf-8", errors="replace")
-        handle.write(line.text + "\n")
+        try:
+            handle = running.files.get(line.stream)
+            if handle is None:
+                path = log_file(self.log_dir, running.job_id, running.instance, running.round, running.start,
+                                line.stream.value)
+                handle = running.files[line.stream] = RotatingLogFile(path, self.log_limits, self.counters)
+            handle.write_line(line.text)
+        except OSError:
+            # A full disk: the line is still shipped and tailed; the file is tried again with the next one.
+            self.counters.log_write_errors += 1
 
     # ------------------------------------------------------------ shipping
 
@@ -491,6 +499,10 @@ class Agent:
             self._ship(running)
 
     def _report(self, now: float) -> None:
+        # Counted by the sockets' threads, every one (only a few per origin are dead-lettered).
+        self.counters.sdk_refused = self.control.refusals.total
+        if isinstance(self.c4d, C4DSocket):
+            self.counters.c4d_refused = self.c4d.refused
         by_job: dict[str, list[_Running]] = collections.defaultdict(list)
         for running in self.running.values():
             by_job[running.job_id].append(running)

@@ -32,6 +32,7 @@ from trainwarden.runtime.inbox import Inbox
 from trainwarden.runtime.keeper import KeeperLease
 from trainwarden.runtime.launcher import InstanceLogs, LocalJobRunner
 from trainwarden.runtime.run_as import RunAs
+from trainwarden.runtime.logfiles import LogFileLimits
 from trainwarden.spot.market import MarketProvider
 from trainwarden.spot.poller import MarketPoller
 from trainwarden.store.base import StoreError
@@ -204,7 +205,7 @@ class EmbeddedRun:
                  notify: Optional[NotifyOptions] = None,
                  market: Optional[MarketProvider] = None, spot: tuple[SpotBid, ...] = (),
                  log_dir: Optional[str] = None, history_wait_s: float = HISTORY_WAIT_S,
-                 run_as: Optional[RunAs] = None):
+                 run_as: Optional[RunAs] = None, log_limits: LogFileLimits = LogFileLimits()):
         self.job = job
         self.run_as = run_as  # the user the instances run as (runtime/run_as.py)
         self.pack = pack
@@ -231,7 +232,7 @@ class EmbeddedRun:
         self.spot = spot
         self.market = MarketPoller(market, job.job_id, self.submitted_at, on_error=reporter.info) \
             if market is not None and spot else None
-        self.logs = InstanceLogs(log_dir, reporter.info) if log_dir else None
+        self.logs = InstanceLogs(log_dir, reporter.info, log_limits) if log_dir else None
         self._lifecycle = getattr(reporter, "lifecycle", None)
         self.history_wait_s = history_wait_s
         self.epitaph: Optional[_Epitaph] = None
