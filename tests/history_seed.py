@@ -50,7 +50,7 @@ class FakeRuntime:
         self.clock.advance(0.75 / len(self.instance_names))
         return 0
 
-    def stop(self, names, snapshot: str = "") -> None:
+    def stop(self, names, snapshot: str = "", incarnations=None) -> None:
         self.clock.advance(1.5)
 
     def stop_all(self, snapshot: str = "") -> None:

@@ -15,6 +15,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import msgspec
 
+from trainwarden import failpoint
 from trainwarden.engine.spot import SPOT_STATES
 from trainwarden.events import Decision, DecisionKind, ErrorSource, LogLine
 from trainwarden.runtime.base import Capability, JobRuntime, NodeIsolation, Preemption
@@ -33,6 +34,29 @@ def wants_stack_report(decision: Decision) -> bool:
     """A hang that ends the round: its stacks are dumped before the instances are stopped."""
     return decision.error_source in (ErrorSource.HANG, ErrorSource.EXIT_HANG) and decision.kind in (
         DecisionKind.RESTART_JOB, DecisionKind.FAIL_JOB)
+
+
+def ended_incarnations(decision: Decision) -> Optional[dict[str, tuple[int, int]]]:
+    """The incarnations a restart ends, from the decision alone: each new
+    incarnation's start index is one more than the one it replaces, which ran
+    in the round the fault happened in. None where the decision does not say
+    (a fail or completion ends whatever runs)."""
+    if decision.kind is DecisionKind.RESTART_JOB and decision.starts:
+        return {name: (decision.round, start - 1) for name, start in decision.starts}
+    if decision.kind is DecisionKind.RESTART_INSTANCE and decision.next_start > 0:
+        return {decision.instance: (decision.round, decision.next_start - 1)}
+    return None
+
+
+def started_incarnations(decision: Decision) -> tuple[tuple[str, int, int], ...]:
+    """(instance, round, start) of every incarnation the decision starts."""
+    if decision.kind in (DecisionKind.START_JOB, DecisionKind.RESUME_JOB):
+        return tuple((name, decision.round, start) for name, start in decision.starts)
+    if decision.kind is DecisionKind.RESTART_JOB:
+        return tuple((name, decision.round + 1, start) for name, start in decision.starts)
+    if decision.kind is DecisionKind.RESTART_INSTANCE and decision.instance:
+        return ((decision.instance, decision.round, decision.next_start),)
+    return ()
 
 
 class HistoryWriter(Protocol):
@@ -124,7 +148,10 @@ class Actuator:
     def _restart(self, decision: Decision, names: Sequence[str], new_round: int, starts: dict,
                  snapshot: str = "") -> None:
         decided_at = self.clock()
-        self.runtime.stop(names, snapshot)
+        # The incarnations the decision was about, never the ones running now:
+        # an action finished again after a crash must not stop the round it started.
+        self.runtime.stop(names, snapshot, ended_incarnations(decision))
+        failpoint.reach(f"between-stop-and-start:{decision.kind.value}")
         stopped_at = self.clock()
         waiting = {name: self._start(name, new_round, starts.get(name)) for name in names}
         restarted_at = self.clock()
@@ -138,6 +165,8 @@ class Actuator:
         # Done once restarted; the record is updated again with the time until
         # the job runs again, if this actuator lives to see it.
         self._record(decision, FaultResult.DONE, restarted_at - decision.detected_at)
+        # Carried out again (finished after a bus error): one pending restart, the newest.
+        self._restarts = [p for p in self._restarts if p.decision.action_id != decision.action_id]
         self._restarts.append(_PendingRestart(decision, stages, waiting))
 
     def observe(self, event: LogLine) -> None:

@@ -62,7 +62,8 @@ class ServiceProcesses:
         self.start("actuator")
         time.sleep(4.0)  # groups joined, a heartbeat from every agent
 
-    def start(self, name: str, *extra: str) -> subprocess.Popen:
+    def start(self, name: str, *extra: str, env: dict | None = None) -> subprocess.Popen:
+        """env: variables for this process only (a failpoint, say)."""
         if name == "actuator":
             args = ["actuator", "--store", str(self.store), "--node-timeout", str(self.node_timeout_s)]
             if self.slurm_dir:
@@ -73,7 +74,7 @@ class ServiceProcesses:
             args = [name]
         args += self._metrics_args(name)
         log = open(self.tmp / f"{name}.log", "ab")
-        env = dict(self.env)
+        env = {**self.env, **(env or {})}
         if os.environ.get("TRAINWARDEN_TEST_KAFKA_DEBUG"):
             env["TRAINWARDEN_KAFKA_DEBUG"] = str(self.tmp / f"{name}.kafka-debug")
         proc = subprocess.Popen([*self.command, *args, *extra], env=env, cwd=ROOT, stdout=log,

@@ -19,7 +19,7 @@ class FakeRuntime:
         self.calls.append(("start", name, round_, start))
         return 1
 
-    def stop(self, names, snapshot=""):
+    def stop(self, names, snapshot="", incarnations=None):
         self.calls.append(("stop", tuple(names)))
 
     def stop_all(self, snapshot=""):

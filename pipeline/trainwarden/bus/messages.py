@@ -143,6 +143,18 @@ class StackReportReady(msgspec.Struct, frozen=True, tag="stack_report_ready"):
     missing: tuple[str, ...] = ()
 
 
+class ActionIntent(msgspec.Struct, frozen=True, tag="action_intent"):
+    """The actuator is about to carry out this decision: durable before its
+    first command, under the key its ``action_done`` replaces. A new actuator
+    that finds it without that record finishes the action from it (the same
+    incarnations) instead of doing it anew."""
+
+    action_id: str
+    job_id: str
+    time: float
+    decision: Decision
+
+
 class ActionDone(msgspec.Struct, frozen=True, tag="action_done"):
     action_id: str
     job_id: str
@@ -151,6 +163,10 @@ class ActionDone(msgspec.Struct, frozen=True, tag="action_done"):
     spec: Optional[JobSpec] = None  # START_JOB keeps the job's spec for later restarts
     instances: tuple[InstanceSpec, ...] = ()
     settings_args: str = ""
+    # (instance, round, start) of every incarnation the action started: a new
+    # actuator knows which incarnation is current from its own records, never
+    # from what the agents report.
+    incarnations: tuple[tuple[str, int, int], ...] = ()
 
 
 class NodeState(msgspec.Struct, frozen=True, tag="node_state"):

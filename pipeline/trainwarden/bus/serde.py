@@ -12,6 +12,7 @@ import msgspec
 from trainwarden.bus.base import ACTUATOR_STATE, COMMANDS, DEAD_LETTERS, DECISIONS, EVENTS, LOGS, NODES
 from trainwarden.bus.messages import (
     ActionDone,
+    ActionIntent,
     DeadLetterMessage,
     DecisionRecord,
     ExpectTasks,
@@ -49,7 +50,7 @@ EventMessage = Union[JobSubmitted, InstanceStarted, InstanceExited, SdkMessage, 
                      Preempted, DecisionRecord]
 LogMessage = Union[LogBatch, WireLogLine]
 CommandMessage = Union[StartInstance, StopInstances, ExpectTasks]
-ActuatorStateMessage = Union[ActionDone, NodeState, StackReportReady]
+ActuatorStateMessage = Union[ActionIntent, ActionDone, NodeState, StackReportReady]
 NodeMessage = Union[Heartbeat, StackDumps]
 
 

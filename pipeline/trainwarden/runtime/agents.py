@@ -8,7 +8,7 @@ actuator service comes through ``ClusterPort``.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from trainwarden.bus.messages import StartInstance, StopInstances
 from trainwarden.events import InstanceSpec, JobSpec
@@ -49,9 +49,23 @@ class ClusterJob:
         self.incarnation: dict[str, tuple[int, int]] = {}
         self.nodes_used: set[str] = set()  # every node an instance of the job ran on: told when it ends
 
-    def stop_on_agents(self, names: Sequence[str], snapshot: str) -> None:
-        for node, instances in self.port.cluster.release(self.job_id, list(names)).items():
-            targets = tuple((name, *self.incarnation[name]) for name in instances if name in self.incarnation)
+    def stop_on_agents(self, names: Sequence[str], snapshot: str,
+                       incarnations: Optional[Mapping[str, tuple[int, int]]] = None) -> None:
+        """Stop these instances where they run: ``incarnations`` (the
+        decision's) exactly, else the ones this actuator started last."""
+        known = {**self.incarnation, **(incarnations or {})}
+        by_node = self.port.cluster.release(self.job_id, list(names))
+        # An incarnation this actuator did not place (a new actuator finishing
+        # what its predecessor began) is stopped where the agents say it runs.
+        for name in names:
+            if name in known:
+                for node in self.running_at(name, *known[name]):
+                    if name not in by_node.setdefault(node, []):
+                        by_node[node].append(name)
+        for node, instances in by_node.items():
+            if not instances:
+                continue
+            targets = tuple((name, *known[name]) for name in instances if name in known)
             if snapshot:
                 self.port.expect_dumps(snapshot, self.job_id, node)
             self.port.send_command(StopInstances(node=node, job_id=self.job_id, action_id="stop",
@@ -68,19 +82,34 @@ class ClusterJob:
     def stop_all(self, snapshot: str = "") -> None:
         self.stop(self.instance_names, snapshot)  # each runtime's own stop
 
+    def restore(self, incarnations: Mapping[str, tuple[int, int]]) -> None:
+        """A new actuator: each instance's newest incarnation as its own
+        durable records say (started, or about to be). Any other incarnation
+        a heartbeat reports is one to stop, however new it looks."""
+        for name, incarnation in incarnations.items():
+            if name in self.specs and tuple(incarnation) > self.incarnation.get(name, (-1, -1)):
+                self.incarnation[name] = tuple(incarnation)
+
+    def running_at(self, instance: str, round_: int, start: int) -> list[str]:
+        """The nodes whose last heartbeat reports this incarnation (running, or held to start there)."""
+        return sorted(node.name for node in self.port.cluster.nodes.values()
+                      if any((r.job_id, r.instance, r.round, r.start) == (self.job_id, instance, round_, start)
+                             for r in node.running))
+
     def heard(self, instance: str, round_: int, start: int, node: str) -> bool:
         """A node's heartbeat says this incarnation runs there: True when that
         is where it should run (it is running), False when it must be stopped."""
         placement = self.port.cluster.placement.setdefault(self.job_id, {})
         if instance not in self.incarnation:
-            # A restarted actuator learns where its jobs run from the agents.
+            # Records written before they named incarnations: learned from the agents.
             self.incarnation[instance] = (round_, start)
-            placement[instance] = node
         self.nodes_used.add(node)
         if self.incarnation[instance] != (round_, start):
             return False
-        if self.places_itself:
-            placement[instance] = node  # the scheduler placed it: where it runs is where it is
+        if self.places_itself or instance not in placement:
+            # The scheduler placed it, or a new actuator learns where its
+            # current incarnation runs: where it runs is where it is.
+            placement[instance] = node
         return placement.get(instance) == node
 
     places_itself = False  # True where a scheduler, not the actuator, picks the nodes
@@ -96,9 +125,12 @@ class AgentsRuntime(ClusterJob):
         self.waiting: list[tuple[str, int, int]] = []  # starts waiting for a free slot
 
     def start(self, name: str, round_: int, start: int) -> None:
+        # The same incarnation again (an action finished after a crash or a
+        # bus error) goes where it was sent, whose agent ignores it.
+        again = self.incarnation.get(name) == (round_, start)
         self.incarnation[name] = (round_, start)
         try:
-            self._send_start(name, round_, start)
+            self._send_start(name, round_, start, again)
         except NoCapacity:
             self.port.no_capacity()
             self.waiting.append((name, round_, start))
@@ -109,9 +141,11 @@ class AgentsRuntime(ClusterJob):
             if self.incarnation.get(name) == (round_, start):
                 self.start(name, round_, start)
 
-    def _send_start(self, name: str, round_: int, start: int) -> None:
+    def _send_start(self, name: str, round_: int, start: int, again: bool = False) -> None:
         cluster = self.port.cluster
-        node = cluster.place(self.job_id, name, self.port.clock())
+        placed = cluster.placement.get(self.job_id, {}).get(name) if again else None
+        prefer = placed or next(iter(self.running_at(name, round_, start)), None)
+        node = cluster.place(self.job_id, name, self.port.clock(), prefer=prefer)
         self.nodes_used.add(node.name)
         rank0 = min(self.specs.values(), key=lambda s: s.rank).name
         master_node = cluster.placement.get(self.job_id, {}).get(rank0, node.name)
@@ -124,9 +158,10 @@ class AgentsRuntime(ClusterJob):
             env=tuple(sorted(job_env(self.spec, role, self.settings).items())),
             workdir=self.spec.workdir, max_restarts=self.settings.max_num_of_job_restart, preload=self.spec.preload))
 
-    def stop(self, names: Sequence[str], snapshot: str = "") -> None:
+    def stop(self, names: Sequence[str], snapshot: str = "",
+             incarnations: Optional[Mapping[str, tuple[int, int]]] = None) -> None:
         self.waiting = [w for w in self.waiting if w[0] not in names]
-        self.stop_on_agents(names, snapshot)
+        self.stop_on_agents(names, snapshot, incarnations)
 
     def isolate_node(self, node: str, reason: str) -> None:
         self.port.isolate(node, True, reason)
@@ -149,7 +184,8 @@ class UnplacedRuntime:
     def start(self, name: str, round_: int, start: int) -> None:
         pass
 
-    def stop(self, names: Sequence[str], snapshot: str = "") -> None:
+    def stop(self, names: Sequence[str], snapshot: str = "",
+             incarnations: Optional[Mapping[str, tuple[int, int]]] = None) -> None:
         pass
 
     def end_on_agents(self) -> None:

@@ -11,7 +11,7 @@ and only those: ``isolate_node`` with ``ISOLATE_NODE`` (``NodeIsolation``),
 from __future__ import annotations
 
 import enum
-from typing import Protocol, Sequence
+from typing import Mapping, Optional, Protocol, Sequence
 
 
 class Capability(str, enum.Enum):
@@ -31,9 +31,12 @@ class JobRuntime(Protocol):
     def start(self, name: str, round_: int, start: int) -> None:
         """Start this incarnation of an instance (asynchronously where it runs remotely)."""
 
-    def stop(self, names: Sequence[str], snapshot: str = "") -> None:
+    def stop(self, names: Sequence[str], snapshot: str = "",
+             incarnations: Optional[Mapping[str, tuple[int, int]]] = None) -> None:
         """Stop these instances; with ``snapshot`` (a report id), dump their
-        stacks first and hand the dumps to the job's stack reports."""
+        stacks first and hand the dumps to the job's stack reports. With
+        ``incarnations`` (name -> (round, start), the decision's), only those:
+        never a newer incarnation that took the name meanwhile."""
 
     def stop_all(self, snapshot: str = "") -> None: ...
 

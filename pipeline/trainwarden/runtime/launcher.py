@@ -91,7 +91,8 @@ class LocalJobRunner:
             if token:
                 self.control.mark_stopping(token)
 
-    def stop(self, names: Sequence[str], snapshot: str = "") -> None:
+    def stop(self, names: Sequence[str], snapshot: str = "", incarnations=None) -> None:
+        # One process runs the engine and these instances: what runs is what the decision was about.
         self._mark_stopping(names)
         self._dump(names, snapshot)
         self.runtime.stop(names, self.job.stop_grace_s)

@@ -3,9 +3,14 @@
 Consumes decisions (a consumer group), heartbeats and its own state topic.
 Each decision is executed through the same ``Actuator`` as in the embedded
 run, whose runtime here places instances on ready nodes and sends start/stop
-commands to their agents. Executed action ids and node states are written to
-the compacted ``trainwarden.actuator`` topic before the decision's offset is
-committed: a restarted actuator reads them back and never acts twice. Nodes
+commands to their agents. On the compacted ``trainwarden.actuator`` topic, an
+``action_intent`` is durable before a decision's first command and its
+``action_done`` (with the incarnations it started) once every command is;
+only then is the decision's offset committed. A restarted actuator reads them
+back: it never acts twice, knows each instance's current incarnation from
+its own records (never from heartbeats), and finishes an action its
+predecessor left between the two records with the same incarnations, after
+hearing every agent, so that a start goes where it may already run. Nodes
 that stop sending heartbeats are lost, and every job with instances on them
 gets a ``node_lost`` event, so the engine decides what to do.
 """
@@ -16,6 +21,8 @@ import dataclasses
 import hashlib
 from typing import Callable, Optional, Sequence
 
+from trainwarden import failpoint
+from trainwarden.actuator import started_incarnations
 from trainwarden.bus import (
     ACTUATOR_STATE,
     COMMANDS,
@@ -26,22 +33,25 @@ from trainwarden.bus import (
     NODES,
     PREFIX,
     Bus,
+    BusError,
     Message,
 )
 from trainwarden.bus.base import read_to_end
 from trainwarden.bus.messages import (
     ActionDone,
+    ActionIntent,
     DeadLetterMessage,
     Heartbeat,
     NodeState,
     Recorded,
     StackDumps,
+    StackReportReady,
     StopInstances,
 )
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
 from trainwarden.engine import JobStatus
 from trainwarden.events import Decision, DecisionKind, InstanceSpec, JobSpec, NodeLost, Preempted
-from trainwarden.runtime.agents import AgentsRuntime, UnplacedRuntime
+from trainwarden.runtime.agents import AgentsRuntime, ClusterJob, UnplacedRuntime
 from trainwarden.runtime.clock import now as clock_now
 from trainwarden.runtime.nodes import Cluster, NodeStatus
 from trainwarden.runtime.slurm.cli import SlurmError
@@ -61,6 +71,12 @@ NODE_TIMEOUT_S = 10.0
 PROBE_NODE = "__actuator_probe__"
 PROBE_EVERY_S = 1.0
 PROBE_LATE_S = 2.5
+# An actuator that finds actions its predecessor left unfinished first hears
+# every agent this long (their heartbeats come every second): a start it
+# sends again goes to the node that already runs that incarnation, if any.
+HEAR_BEFORE_FINISHING_S = 2.5
+# Decisions whose action has side effects: an intent record before the first.
+INTENDED = frozenset(DecisionKind) - {DecisionKind.NOTIFY, DecisionKind.QUEUE_JOB}
 
 
 @dataclasses.dataclass
@@ -74,6 +90,7 @@ class ActuatorCounters:
     dead_letters: int = 0
     history_errors: int = 0
     slurm_errors: int = 0
+    finished: int = 0  # actions a previous actuator (or a bus error) left between intent and done
 
 
 class ActuatorService:
@@ -89,11 +106,24 @@ class ActuatorService:
         self.reports = StackReports(history, clock, announce=self._announce_report)
         self.executed: set[str] = set()
         self.jobs: dict[str, Supervisor] = {}
+        # From the state topic: actions with an intent and no done record yet
+        # (finished before any new decision), each job's newest incarnations
+        # and job restarts, and the hangs whose stack report is stored.
+        self.unfinished: dict[str, Decision] = {}
+        self.incarnations: dict[str, dict[str, tuple[int, int]]] = {}
+        self.restart_ids: dict[str, set[str]] = {}
+        self.reported: set[str] = set()
         self.producer = bus.producer()
+        # A failpoint (a test hook) dies with what was sent before it on the bus.
+        failpoint.settle_with(self.producer.flush)
         self.state_reader = bus.consumer([ACTUATOR_STATE], None, from_beginning=True)
         self._load_state()
         self.heartbeats = bus.consumer([NODES], None, from_beginning=False)
+        self._hearing_since: Optional[float] = None
         self.assigned: list = []
+        # Decisions polled and not yet carried out: a bus error leaves the
+        # rest of a batch here, for the next turn, rather than skipping it.
+        self._backlog: list[Message] = []
         self.decisions = bus.consumer([DECISIONS], group, from_beginning=True, on_assign=self._on_assign)
         # Every service's dead letters end in the history, which this service owns.
         self.letters = bus.consumer([DEAD_LETTERS], f"{group}-dead-letters", from_beginning=True)
@@ -120,13 +150,24 @@ class ActuatorService:
         except DecodeError as exc:
             self._dead_letter(record, str(exc))
             return
-        if isinstance(message, ActionDone):
+        if isinstance(message, ActionIntent):
+            if message.action_id not in self.executed:
+                self.unfinished[message.action_id] = message.decision
+                self._remember(message.job_id, message.action_id, message.decision.kind.value,
+                               started_incarnations(message.decision))
+        elif isinstance(message, ActionDone):
             self.executed.add(message.action_id)
+            self.unfinished.pop(message.action_id, None)
             if message.kind == DecisionKind.START_JOB.value and message.spec is not None:
                 self._job(message.job_id, message.spec, message.instances, message.settings_args, message.time)
+            self._remember(message.job_id, message.action_id, message.kind, message.incarnations)
             if message.kind in (DecisionKind.FAIL_JOB.value, DecisionKind.COMPLETE_JOB.value):
                 self.jobs.pop(message.job_id, None)
                 self.cluster.placement.pop(message.job_id, None)
+                self.incarnations.pop(message.job_id, None)
+                self.restart_ids.pop(message.job_id, None)
+        elif isinstance(message, StackReportReady):
+            self.reported.add(message.report_id)
         elif isinstance(message, NodeState):
             if message.state != NodeStatus.LOST.value:
                 # A loss is an observation, not an operator's or a rule's word on
@@ -135,6 +176,25 @@ class ActuatorService:
                 if live and self.slurm is not None:
                     self._slurm_node(message)
             self._record_node_event(message)
+
+    def _remember(self, job_id: str, action_id: str, kind: str, started: Sequence[tuple[str, int, int]]) -> None:
+        """What an intent or done record says of its job: the newest
+        incarnation of each instance (start indexes only grow), and the job
+        restarts; handed to the job's runtime and supervisor."""
+        newest = self.incarnations.setdefault(job_id, {})
+        for name, round_, start in started:
+            if (round_, start) > newest.get(name, (-1, -1)):
+                newest[name] = (round_, start)
+        if kind == DecisionKind.RESTART_JOB.value:
+            self.restart_ids.setdefault(job_id, set()).add(action_id)
+        if job_id in self.jobs:
+            self._restore(self.jobs[job_id])
+
+    def _restore(self, supervisor: Supervisor) -> None:
+        job_id = supervisor.facts.job_id
+        if isinstance(supervisor.runtime, ClusterJob):
+            supervisor.runtime.restore(self.incarnations.get(job_id, {}))
+        supervisor.count_restarts(self.restart_ids.get(job_id, ()))
 
     def _slurm_node(self, message: NodeState) -> None:
         """An isolation or uncordon (a rule's or an operator's) of a Slurm node is done in Slurm too."""
@@ -169,6 +229,7 @@ class ActuatorService:
                              instances=len(instances), node_name="")
             self.jobs[job_id] = Supervisor(runtime, self.history, self.reports, facts, node="", clock=self.clock,
                                            executed=self.executed)
+            self._restore(self.jobs[job_id])
         return self.jobs[job_id]
 
     # ------------------------------------------------- what runtimes ask (ClusterPort)
@@ -205,7 +266,9 @@ class ActuatorService:
             self._probe_sent = now
         for record in self.state_reader.poll(0.0, max_records=5000):
             self._state_record(record, live=True)  # operators' isolate/uncordon
-        for record in self.heartbeats.poll(0.0, max_records=5000):
+        hearing = bool(self.unfinished) and not self._heard_enough(now)
+        # While it waits to have heard every agent, the heartbeats are what it waits on.
+        for record in self.heartbeats.poll(timeout_s if hearing else 0.0, max_records=5000):
             self._heartbeat(record)
         self._expire_nodes()
         self.reports.flush_due(self.clock())
@@ -214,12 +277,47 @@ class ActuatorService:
         letters = self.letters.poll(0.0, max_records=500)
         if letters:
             self._dead_letters(letters)
-        records = self.decisions.poll(timeout_s, max_records=200)
-        for record in records:
-            self._decision(record)
+        if self.unfinished:
+            if hearing:
+                self.producer.flush()
+                return
+            self._finish_unfinished()
+        if not self._backlog:
+            self._backlog = self.decisions.poll(timeout_s, max_records=200)
+        had = bool(self._backlog)
+        while self._backlog:
+            try:
+                self._decision(self._backlog[0])
+            except (BusError, StoreError):
+                raise  # it stays first in line: carried out, or finished, once the bus or store is back
+            except Exception:
+                self._backlog.pop(0)  # recorded as failed and done: never tried again
+                raise
+            self._backlog.pop(0)
         self.producer.flush()
-        if records:
+        if had:
             self.decisions.commit()
+
+    def _heard_enough(self, now: float) -> bool:
+        """The heartbeats consumer has been positioned for a while: every live
+        agent has said what runs on its node."""
+        if self._hearing_since is None:
+            if not self.heartbeats.ready():
+                return False
+            self._hearing_since = now
+        return now - self._hearing_since >= HEAR_BEFORE_FINISHING_S
+
+    def _finish_unfinished(self) -> None:
+        """Actions left between their intent and their done record, finished
+        with the incarnations their decision names (agents ignore a start of
+        an incarnation they already run), before any new decision."""
+        for action_id, decision in list(self.unfinished.items()):
+            if action_id not in self.executed:
+                self.counters.finished += 1
+                self.say(f"finishing {decision.kind.value} {action_id}, left unfinished by the previous actuator",
+                         decision.job_id)
+                self._carry_out(decision, finishing=True)
+            self.unfinished.pop(action_id, None)
 
     def close(self) -> None:
         self.producer.flush(5)
@@ -243,34 +341,69 @@ class ActuatorService:
         if decision.action_id in self.executed:
             self.counters.duplicates += 1
             return
-        if decision.kind is DecisionKind.START_JOB:
-            if decision.spec is None:
-                self._dead_letter(record, "start_job without a job spec")
-                return
-            self._job(decision.job_id, decision.spec, decision.instances, decision.args,
-                      decision.detected_at).write_job(JobStatus.RUNNING)
-        supervisor = self.jobs.get(decision.job_id)
-        if supervisor is None:
-            # A job this actuator never started: nothing to stop or start
-            # here, but the decision is still recorded (and isolation done).
-            facts = JobFacts(job_id=decision.job_id, submitted_at=decision.detected_at, framework="",
-                             args=decision.args, instances=0, node_name="")
-            Supervisor(UnplacedRuntime(self), self.history, self.reports, facts, node="", clock=self.clock,
-                       executed=self.executed).act(decision)
-        else:
-            supervisor.act(decision)
-            if decision.kind in FINAL:
-                supervisor.finish()
-                supervisor.runtime.finish()
+        if decision.kind is DecisionKind.START_JOB and decision.spec is None:
+            self._dead_letter(record, "start_job without a job spec")
+            return
+        self._carry_out(decision)
+
+    def _carry_out(self, decision: Decision, finishing: bool = False) -> None:
+        """Intent (durable), the action, its commands flushed, done: a crash
+        anywhere leaves either no intent (the decision is carried out anew)
+        or an intent, which the next actuator finishes."""
+        kind = decision.kind
+        if not finishing and kind in INTENDED:
+            self.producer.send(ACTUATOR_STATE, f"action:{decision.action_id}", encode(ActionIntent(
+                action_id=decision.action_id, job_id=decision.job_id, time=self.clock(), decision=decision)))
+            self.producer.flush()
+            failpoint.reach(f"after-intent:{kind.value}")
+        try:
+            if kind is DecisionKind.START_JOB:
+                self._job(decision.job_id, decision.spec, decision.instances, decision.args,
+                          decision.detected_at).write_job(JobStatus.RUNNING)
+            supervisor = self.jobs.get(decision.job_id)
+            if supervisor is None:
+                # A job this actuator never started: nothing to stop or start
+                # here, but the decision is still recorded (and isolation done).
+                facts = JobFacts(job_id=decision.job_id, submitted_at=decision.detected_at, framework="",
+                                 args=decision.args, instances=0, node_name="")
+                Supervisor(UnplacedRuntime(self), self.history, self.reports, facts, node="", clock=self.clock,
+                           executed=self.executed).act(decision)
+            else:
+                # A hang's stack report already stored is not replaced by the
+                # dumps of instances its first stop ended.
+                supervisor.act(decision, dump_stacks=decision.action_id not in self.reported)
+                if kind in FINAL:
+                    supervisor.finish()
+                    supervisor.runtime.finish()
+        except (BusError, StoreError):
+            # Some commands may have left: finished, not redone, once the bus
+            # (or the history, written before the first command) is back.
+            self.executed.discard(decision.action_id)
+            self.unfinished[decision.action_id] = decision
+            raise
+        except Exception:
+            # Recorded as failed (or never begun): neither this actuator nor the next tries it again.
+            self.executed.add(decision.action_id)
+            self.producer.flush()
+            self._done(decision)
+            raise
+        # Every command on the bus before the action counts as done.
+        self.producer.flush()
+        failpoint.reach(f"before-done:{kind.value}")
         self._done(decision)
 
     def _done(self, decision: Decision) -> None:
         spec = decision.spec if decision.kind is DecisionKind.START_JOB else None
+        started = started_incarnations(decision)
         self.producer.send(ACTUATOR_STATE, f"action:{decision.action_id}", encode(ActionDone(
             action_id=decision.action_id, job_id=decision.job_id, time=self.clock(), kind=decision.kind.value,
-            spec=spec, instances=decision.instances if spec else (), settings_args=decision.args if spec else "")))
+            spec=spec, instances=decision.instances if spec else (), settings_args=decision.args if spec else "",
+            incarnations=started)))
+        self._remember(decision.job_id, decision.action_id, decision.kind.value, started)
         if decision.kind in FINAL:
             self.jobs.pop(decision.job_id, None)
+            self.incarnations.pop(decision.job_id, None)
+            self.restart_ids.pop(decision.job_id, None)
 
     def _dead_letters(self, records: list[Message]) -> None:
         rows = []
@@ -327,6 +460,10 @@ class ActuatorService:
             entry = self.jobs.get(item.job_id)
             if entry is not None and entry.runtime.heard(item.instance, item.round, item.start, beat.node):
                 entry.mark_running(item.instance, item.round, item.start, beat.time)
+                continue
+            if self.unfinished:
+                # An unfinished action's own stop (with its stack dump) ends
+                # the incarnations it is about; the rest once it is finished.
                 continue
             self.send_command(StopInstances(node=beat.node, job_id=item.job_id, action_id="reconcile",
                                             instances=(item.instance,), grace_s=5.0,

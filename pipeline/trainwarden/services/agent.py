@@ -79,11 +79,23 @@ class _Running:
 
 
 @dataclasses.dataclass
+class _Held:
+    """A start waiting for stops of its instance to finish (a hang's stack
+    dump must see the old incarnation alive)."""
+
+    incarnation: tuple[int, int]
+    token: str
+    waits_for: list  # the stopper threads
+    launch: Callable[[], None]
+
+
+@dataclasses.dataclass
 class AgentCounters:
     commands: int = 0
     starts: int = 0
     stops: int = 0
     ignored_commands: int = 0
+    held_starts_cancelled: int = 0  # a newer start or a stop came first: the held one never ran
     lines: int = 0
     dead_letters: int = 0
     c4d_refused: int = 0  # connections to the C4D socket from a job's process (or over its limits)
@@ -135,8 +147,12 @@ class Agent:
         else:
             self.c4d = FileFollower(c4d_log, self._c4d_line) if c4d_log else None
         self._stoppers: list[threading.Thread] = []
-        self._deferred: list = []  # (stopper thread, start) waiting for a stop to finish
+        # At most one held start per (job, instance): the newest one asked for.
+        self._deferred: dict[tuple[str, str], _Held] = {}
         self._stopping: dict[tuple[str, str], tuple[tuple[int, int], threading.Thread]] = {}
+        # The newest incarnation of each (job, instance) started or stopped
+        # here: a start of that one again, or of an older one, is ignored.
+        self._newest: dict[tuple[str, str], tuple[int, int]] = {}
         self._ended: set[str] = set()  # jobs that are over: let go of once nothing of them runs here
         # On a Slurm node: the tasks Slurm starts here, followed like our own instances.
         self.slurm = SlurmTasks(slurm_dir, node, clock, self.control.address) if slurm_dir else None
@@ -155,11 +171,10 @@ class Agent:
                     self._local(item)
         if self._ended:
             self._let_go()
-        if self._deferred:
-            ready = [d for d in self._deferred if not d[0].is_alive()]
-            self._deferred = [d for d in self._deferred if d[0].is_alive()]
-            for _, launch in ready:
-                launch()
+        for key, held in list(self._deferred.items()):
+            if not any(thread.is_alive() for thread in held.waits_for):
+                del self._deferred[key]
+                held.launch()
         deadline = time.monotonic() + 0.2
         while time.monotonic() < deadline:
             item = self.inbox.get(0.0)
@@ -240,16 +255,24 @@ class Agent:
     def _start(self, command: StartInstance) -> None:
         self._ended.discard(command.job_id)  # the same id again: a new job
         key = (command.job_id, command.instance.name)
-        current = self.running.get(key)
-        if current is not None and (current.round, current.start) == (command.round, command.start):
+        incarnation = (command.round, command.start)
+        newest = self._newest.get(key)
+        if newest is not None and incarnation <= newest:
+            # The same incarnation again (a new actuator finishing its
+            # predecessor's restart) or an older one arriving after a newer
+            # start or stop: an incarnation runs once, never after a newer one.
             self.counters.ignored_commands += 1
             return
+        self._newest[key] = incarnation
+        # A held older start never runs; this one waits for what it waited for.
+        waits_for = self._cancel_held(key)
         runtime = self.runtimes.get(command.job_id)
         if runtime is None:
             runtime = self.runtimes[command.job_id] = LocalRuntime(
                 command.job_id, self.inbox.put, self.node, line_sink=self.inbox.offer_line,
                 preload=command.preload, run_as=self.run_as,
                 say=lambda text, job=command.job_id: _log.info("job %s: %s", job, text))
+        current = self.running.get(key)
         if current is not None:
             self.retiring[(current.job_id, current.instance, current.round, current.start)] = current
         token = self.control.issue_token(Incarnation(command.job_id, command.instance.name, command.round,
@@ -265,23 +288,46 @@ class Agent:
                                      token=token, last_output=self.clock())
         self.counters.starts += 1
         name = command.instance.name
-        older = {name: (current.round, current.start)} if current is not None else None
         under_way = self._stopping.get(key)
-        stopper = under_way[1] if under_way is not None else None
+        if under_way is not None and under_way[1] not in waits_for:
+            waits_for.append(under_way[1])
+        waits_for = [thread for thread in waits_for if thread.is_alive()]
 
         def launch() -> None:
-            if older is not None:
-                runtime.stop([name], 5.0, older)  # an older incarnation is still here
+            # Whatever incarnation of the instance still runs here is older:
+            # stopped first (the runtime keeps one process per instance, and
+            # one it lost track of would outlive every stop).
+            runtime.stop([name], 5.0)
             pid = runtime.start(name, command.command, env, command.workdir or None, command.round, command.start)
             self.control.bind(token, pid)
 
-        if stopper is not None and stopper.is_alive():
+        if waits_for:
             # Its stack dump must see the old incarnation alive. The start
             # waits, on this (main) thread: an instance gets SIGKILL when the
             # thread that started it ends (parent-death signal).
-            self._deferred.append((stopper, launch))
+            self._deferred[key] = _Held(incarnation, token, waits_for, launch)
         else:
             launch()
+
+    def _cancel_held(self, key: tuple[str, str]) -> list:
+        """Drop the held start of this instance (it never ran); returns the
+        stops it was waiting for."""
+        held = self._deferred.pop(key, None)
+        if held is None:
+            return []
+        entry = self.running.get(key)
+        if entry is not None and (entry.round, entry.start) == held.incarnation:
+            del self.running[key]
+        self.control.revoke(held.token)
+        self.counters.held_starts_cancelled += 1
+        return list(held.waits_for)
+
+    def _incarnation(self, job_id: str, name: str, incarnation: tuple[int, int]) -> Optional[_Running]:
+        """This very incarnation, running or being stopped while a newer one starts."""
+        running = self.running.get((job_id, name))
+        if running is not None and (running.round, running.start) == incarnation:
+            return running
+        return self.retiring.get((job_id, name, *incarnation))
 
     def _stop(self, command: StopInstances) -> None:
         if command.job_ended:
@@ -290,7 +336,8 @@ class Agent:
         adopted = [name for (job_id, name), r in self.running.items() if job_id == command.job_id and r.adopted]
         if runtime is None and not adopted:
             return
-        names = list(command.instances) or [*(runtime.running() if runtime else ()), *adopted]
+        names = list(command.instances) or [*(runtime.running() if runtime else ()), *adopted,
+                                            *(name for job_id, name in self._deferred if job_id == command.job_id)]
         if command.incarnations:
             targets = {name: (round_, start) for name, round_, start in command.incarnations}
         else:
@@ -298,6 +345,19 @@ class Agent:
             # incarnation may have taken the name.
             targets = {name: (r.round, r.start) for name in names
                        if (r := self.running.get((command.job_id, name))) is not None}
+        for name, incarnation in list(targets.items()):
+            key = (command.job_id, name)
+            # The stopped incarnation, or an older one, never starts here afterwards.
+            self._newest[key] = max(self._newest.get(key, incarnation), incarnation)
+            held = self._deferred.get(key)
+            if held is not None and held.incarnation <= incarnation:
+                self._cancel_held(key)
+                if held.incarnation == incarnation:
+                    del targets[name]  # it never ran: nothing of it to stop
+        if command.job_ended:
+            # The job is over here: its id may come again, as a new job.
+            for key in [k for k in self._newest if k[0] == command.job_id]:
+                del self._newest[key]
         # A stop already under way for the same incarnation (a hang's stack
         # dump, then the grace period) finishes it; a second stop in parallel
         # (the actuator reconciling a heartbeat sent meanwhile) would kill
@@ -310,11 +370,13 @@ class Agent:
             self.counters.ignored_commands += 1
             return
         self.counters.stops += 1
-        tokens = {name: r.token for name in targets
-                  if (r := self.running.get((command.job_id, name))) is not None} if command.snapshot_report else {}
-        for name in targets:
-            if (r := self.running.get((command.job_id, name))) is not None:
-                self.control.mark_stopping(r.token)
+        # Only the targeted incarnations: a stop of an old one must not touch
+        # the SDK calls, or dump the stacks, of the one that replaced it.
+        found = {name: r for name, incarnation in targets.items()
+                 if (r := self._incarnation(command.job_id, name, incarnation)) is not None}
+        tokens = {name: r.token for name, r in found.items()} if command.snapshot_report else {}
+        for r in found.values():
+            self.control.mark_stopping(r.token)
         # In the background: a grace period (or a stack dump) must not delay heartbeats.
         thread = threading.Thread(target=self._dump_then_stop, daemon=True,
                                   args=(runtime, command, list(targets), targets, tokens))

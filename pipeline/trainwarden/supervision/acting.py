@@ -7,7 +7,7 @@ written, and its notification submitted.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from trainwarden.actuator import Actuator, HistoryWriter, wants_stack_report
 from trainwarden.engine import JobStatus
@@ -44,22 +44,36 @@ class Supervisor:
         self.notify = notify
         self.actuator = Actuator(runtime, history, node, clock=clock, executed=executed)
         self.status = JobStatus.RUNNING
-        self.restarts = 0  # the jobs table's ``rounds``: restarts of the whole job (not re-queues)
+        # The jobs table's ``rounds``: restarts of the whole job (not re-queues),
+        # by action id, so that one finished by a new actuator counts once.
+        self.restart_ids: set[str] = set()
+        self.restarts = 0
         self.reason = ""
 
-    def act(self, decision: Decision) -> None:
-        """Carry out one decision (at most once, by its action id)."""
+    def count_restarts(self, action_ids: Iterable[str]) -> None:
+        """Job restarts carried out (or under way) before this supervisor
+        existed: a new actuator's durable records."""
+        self.restart_ids.update(action_ids)
+        self.restarts = max(self.restarts, len(self.restart_ids))
+
+    def act(self, decision: Decision, dump_stacks: bool = True) -> None:
+        """Carry out one decision (at most once, by its action id).
+        ``dump_stacks``: False when a hang's stack report already exists
+        (an action finished after a crash must not replace it by an empty one)."""
         snapshot = ""
-        if wants_stack_report(decision) and Capability.STACK_DUMP in self.runtime.capabilities:
+        if dump_stacks and wants_stack_report(decision) and Capability.STACK_DUMP in self.runtime.capabilities:
             snapshot = decision.action_id
             self.reports.start(decision)
-        if decision.kind is DecisionKind.RESTART_JOB and decision.action_id not in self.actuator.executed:
-            self.restarts += 1
+        restart = decision.kind is DecisionKind.RESTART_JOB and decision.action_id not in self.actuator.executed
+        if restart:
+            self.count_restarts([decision.action_id])
         try:
             self.actuator.execute(decision, snapshot)
         finally:
             if self.notify is not None:
                 self.notify(decision)
+        if restart:
+            self.write_job(self.status)  # the jobs table counts it now, not only once the job is over
         final = FINAL.get(decision.kind)
         if final is not None and self.status is JobStatus.RUNNING:
             self.reason = decision.reason.value

@@ -126,14 +126,14 @@ class SlurmRuntime(ClusterJob):
         self.pending[name] = (round_, start)
         self._try_launch()
 
-    def stop(self, names: Sequence[str], snapshot: str = "") -> None:
+    def stop(self, names: Sequence[str], snapshot: str = "", incarnations=None) -> None:
         placed = self.port.cluster.placement.get(self.job_id, {})
         for name in names:
             self.pending.pop(name, None)
             self.launched.discard(name)
             if name in placed:
                 self.ran_on[name] = placed[name]
-        self.stop_on_agents(names, snapshot)
+        self.stop_on_agents(names, snapshot, incarnations)
         # The agents stop what they adopted; a step that outlives that (a task
         # never adopted, an agent gone) is ended through Slurm, once none of
         # its instances is to go on: a lone restart leaves the round's step running.
