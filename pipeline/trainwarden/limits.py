@@ -69,6 +69,8 @@ def quote(value: object, limit: int = QUOTE_CHARS) -> str:
     characters with "..." when longer: an error names what was refused without
     echoing a megabyte of it. Never builds more than a bounded text, whatever
     the value's size (a list of a million items, a string of a gigabyte)."""
+    if isinstance(value, str):  # whole characters in whole quotes: '...'...
+        return repr(value[:limit]) + ("..." if len(value) > limit else "")
     text = _bounded_repr(value, limit + 1, depth=3)
     return text if len(text) <= limit else text[:limit] + "..."
 
