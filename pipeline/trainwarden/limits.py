@@ -32,13 +32,13 @@ class ReadLimit:
 
 # A job file of the README is under 1 KiB and 50 values.
 JOB_FILE = ReadLimit("a job file", 256 * KIB, 256 * KIB, 10_000)
-# The shipped rules are 170 KiB and 3,000 values in 13 files, the lexical model's weights
+# The shipped rules are 160 KiB and 3,000 values in 13 files, the lexical model's weights
 # (one block scalar: one value) their largest part.
 RULES = ReadLimit("the rules", 4 * MIB, 16 * MIB, 50_000, max_files=500)
-# The shipped subscriptions are 3 files of 2 KiB and 110 values.
+# The shipped subscriptions are 3 files, 2 KiB and 110 values together.
 SUBSCRIPTIONS = ReadLimit("the subscriptions", 1 * MIB, 4 * MIB, 20_000, max_files=200)
 
-MAX_RULES = 2_000  # entries of every section of a pack together (the shipped pack has 120)
+MAX_RULES = 2_000  # entries of every section of a pack together (the shipped pack has 161)
 MAX_SUBSCRIPTIONS = 200  # each is rendered with a sample of every event type it receives when loaded (10 ms)
 MAX_INSTANCES = 4096  # of one job, every role together
 MAX_ROLES = 5  # chief, master, worker, ps, evaluator (jobspec.ROLE_ORDER)
@@ -101,6 +101,6 @@ def _bounded_repr(value: object, room: int, depth: int) -> str:
             used += len(part) + 2
         return opening + ", ".join(parts) + closing
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * room:
-        return "a number of more than {} digits".format(room)
+        return f"a number of more than {room} digits"
     text = repr(value)
     return text[:room]

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -83,7 +82,8 @@ def test_the_processor_keeps_taking_events_while_a_slow_reload_parses_then_swaps
 
         processor.send_signal(signal.SIGHUP)
         wait_for((gate / "parsing").exists, 30, "the reload to start parsing")
-        submitted = subprocess.run([*TRAINWARDEN, "submit", "--job-id", job_id, "--", "true"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        submitted = subprocess.run([*TRAINWARDEN, "submit", "--job-id", job_id, "--", "true"], env=env, cwd=ROOT,
+                                   capture_output=True, text=True, timeout=120)
         assert submitted.returncode == 0, submitted.stderr
         # The job's start decision is published while the reload still parses.
         wait_for(lambda: _metrics(port).get("trainwarden_processor_decisions_total", 0) >= 1, 60,

@@ -48,9 +48,6 @@ class _Reloader:
         self._parsed = threading.Event()
         self._outcome: tuple[bool, Any] = (False, None)
 
-    def parsing(self) -> bool:
-        return self._thread is not None
-
     def ready(self) -> bool:
         """Asked by the loop before each iteration: starts a parse when one
         was requested and none runs; True when one has ended (``swap_in``)."""
@@ -66,8 +63,13 @@ class _Reloader:
         self._thread, self._outcome = None, (False, None)
         self._parsed.clear()
         if ok:
+            try:
+                said = self.reload.swap(value)
+            except Exception as exc:  # noqa: BLE001 - the loop calls this outside its guard: no error may end it
+                ok, value = False, exc
+        if ok:
             self.counts["swapped"] += 1
-            self.say("info", self.reload.swap(value))
+            self.say("info", said)
         else:
             self.counts["refused"] += 1
             self.say("error", self.reload.refused(value))
@@ -75,7 +77,7 @@ class _Reloader:
     def _parse(self) -> None:
         try:
             self._outcome = (True, self.reload.parse())
-        except Exception as exc:  # noqa: BLE001 - a reload that fails leaves the previous configuration, whatever the cause
+        except Exception as exc:  # noqa: BLE001 - whatever the cause, the previous configuration stays
             self._outcome = (False, exc)
         self._parsed.set()
 
@@ -93,7 +95,6 @@ class ServiceRun:
         self._reload = threading.Event()
         self._refusals: Optional[SigningCounters] = None
         self._signing = ""
-        self.reloader: Optional[_Reloader] = None
         # From now on a SIGHUP never stops the service, even while it starts
         # (the actuator reads its state topic first); SIGTERM still interrupts
         # a start at once (main's handler), and run() takes it over.
@@ -131,7 +132,7 @@ class ServiceRun:
             service = _WithRefusals(service, self._refusals)
         reloader = None
         if reload is not None:
-            reloader = self.reloader = _Reloader(reload, self._take_reload, self.say)
+            reloader = _Reloader(reload, self._take_reload, self.say)
             self.observer.counter_family("reloads", "SIGHUP reloads by outcome: swapped (in use from then on), "
                                          "refused (invalid; the previous configuration stays).", "outcome",
                                          lambda: dict(reloader.counts))
