@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import Optional
 
 from trainwarden.events import InstanceSpec, JobSpec, RoleSpec
-from trainwarden.settings import JobSettings, parse_args_string
+from trainwarden.limits import JOB_FILE, MAX_INSTANCES, QUOTE_CHARS, WHERE, quote
+from trainwarden.settings import JobSettings, SettingsError, parse_args_string
 from trainwarden.spot.spec import RoleBid, parse_spot
-from trainwarden.yamlsrc import ConfigError, Fields, load_yaml_file
+from trainwarden.yamlsrc import Allowance, ConfigError, Fields, load_yaml_file
 
 FRAMEWORKS = ("pytorch", "mpi", "tensorflow", "elasticbatch")
 # Rank order: coordinators first, so that RANK 0 is the chief/master when there is one.
 ROLE_ORDER = ("chief", "master", "worker", "ps", "evaluator")
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-MAX_INSTANCES = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +104,7 @@ def make_job_id(command: tuple[str, ...] = ()) -> str:
 
 def check_job_id(job_id: str) -> str:
     if not JOB_ID_RE.match(job_id):
-        raise ConfigError(f"job id {job_id!r} must be 1-128 letters, digits, '_', '.' or '-'",
+        raise ConfigError(f"job id {quote(job_id)} must be 1-128 letters, digits, '_', '.' or '-'",
                           hint="choose another --job-id")
     return job_id
 
@@ -116,7 +116,7 @@ def from_command(command: list[str], nproc: int, args: str, job_id: Optional[str
     if not 1 <= nproc <= MAX_INSTANCES:
         raise ConfigError(f"--nproc must be from 1 to {MAX_INSTANCES}, not {nproc}")
     if framework not in FRAMEWORKS:
-        raise ConfigError(f"--framework must be one of {', '.join(FRAMEWORKS)}, not {framework!r}")
+        raise ConfigError(f"--framework must be one of {', '.join(FRAMEWORKS)}, not {quote(framework)}")
     settings = parse_args_string(args)
     return JobDefinition(
         job_id=check_job_id(job_id) if job_id else make_job_id(tuple(command)),
@@ -140,7 +140,7 @@ def check_preload(modules, where: str) -> tuple[str, ...]:
         raise ConfigError(f"{where}: at most {MAX_PRELOAD} modules, not {len(modules)}")
     for name in modules:
         if not isinstance(name, str) or not MODULE_RE.match(name):
-            raise ConfigError(f"{where}: {name!r} is not a module name",
+            raise ConfigError(f"{where}: {quote(name)} is not a module name",
                               hint="give dotted module names, e.g. torch,numpy,transformers")
     return tuple(dict.fromkeys(modules))
 
@@ -150,7 +150,7 @@ def _env(fields: Fields, key: str) -> tuple[tuple[str, str], ...]:
     pairs = []
     for name, value in raw.items():
         if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-            raise fields.error(key, f"environment variable name {name!r} is not valid")
+            raise fields.error(key, f"environment variable name {quote(name)} is not valid")
         if isinstance(value, (dict, list)) or value is None:
             raise fields.error(key, f"environment variable {name} must have a scalar value")
         pairs.append((name, str(value)))
@@ -159,28 +159,31 @@ def _env(fields: Fields, key: str) -> tuple[tuple[str, str], ...]:
 
 def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefinition:
     path = Path(path)
-    top = Fields(load_yaml_file(path), path, "a job file",
+    top = Fields(load_yaml_file(path, Allowance(JOB_FILE)), path, "a job file",
                  known=("job_id", "framework", "args", "workdir", "env", "stop_grace_s", "roles",
                         "checkpoint_dir", "preload"))
     framework = top.get("framework", str, "pytorch")
     if framework not in FRAMEWORKS:
-        raise top.error("framework", f"'framework' must be one of {', '.join(FRAMEWORKS)}, not {framework!r}")
+        raise top.error("framework", f"'framework' must be one of {', '.join(FRAMEWORKS)}, not {quote(framework)}")
     args = top.get("args", str, "")
     try:
         settings = parse_args_string(args)
-    except ValueError as exc:
-        raise top.error("args", f"'args': {exc}") from None
+    except SettingsError as exc:
+        raise top.error("args", f"'args': {exc}", exc.hint) from None
     roles_raw = top.get("roles", dict)
     roles, bids = [], []
     for name in sorted(roles_raw, key=lambda r: ROLE_ORDER.index(r) if r in ROLE_ORDER else len(ROLE_ORDER)):
         if name not in ROLE_ORDER:
-            raise ConfigError(f"unknown role {name!r}; roles are {', '.join(ROLE_ORDER)}", path,
+            raise ConfigError(f"unknown role {quote(name)}; roles are {', '.join(ROLE_ORDER)}", path,
                               roles_raw.line_of(name))
         role = Fields(roles_raw[name], path, f"role '{name}'", roles_raw.line_of(name),
                       known=("count", "command", "env", "spot"))
         count = role.get("count", int, 1)
         if not 1 <= count <= MAX_INSTANCES:
             raise role.error("count", f"'count' must be from 1 to {MAX_INSTANCES}")
+        if sum(r.count for r in roles) + count > MAX_INSTANCES:
+            raise role.error("count", f"the roles come to more than {MAX_INSTANCES} instances; a job may have at "
+                                      f"most {MAX_INSTANCES}", hint=f"the limits are listed in {WHERE}")
         command = role.get("command", (list, str))
         command = tuple(shlex.split(command) if isinstance(command, str) else (str(c) for c in command))
         if not command:
@@ -211,7 +214,8 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
         raise top.error("checkpoint_dir", "'checkpoint_dir' is empty")
     resolved = (path.parent / workdir).resolve()
     if not resolved.is_dir():
-        raise ConfigError(f"'workdir' {workdir!r} is not a directory ({resolved})", path, top.line("workdir"))
+        where = f" ({resolved})" if len(workdir) <= QUOTE_CHARS else ""
+        raise ConfigError(f"'workdir' {quote(workdir)} is not a directory{where}", path, top.line("workdir"))
     return JobDefinition(
         job_id=final_id, framework=framework, args=args, settings=settings, roles=tuple(roles),
         workdir=str(resolved), env=env, stop_grace_s=float(stop_grace), spot=tuple(bids),

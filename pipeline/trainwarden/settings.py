@@ -12,6 +12,8 @@ import re
 import shlex
 from typing import Callable, Mapping
 
+from trainwarden.limits import MAX_ARGS_CHARS, WHERE, cut, quote
+
 
 class SettingsError(ValueError):
     """A bad arguments string; ``flag`` names the culprit."""
@@ -96,7 +98,7 @@ def _bool(flag: str, raw: str) -> bool:
         return True
     if lowered == "false":
         return False
-    raise SettingsError(f"--{flag} must be True or False, not {raw!r}.", flag)
+    raise SettingsError(f"--{flag} must be True or False, not {quote(raw)}.", flag)
 
 
 def _choice(enum_cls: type[enum.Enum]) -> Callable[[str, str], enum.Enum]:
@@ -105,13 +107,15 @@ def _choice(enum_cls: type[enum.Enum]) -> Callable[[str, str], enum.Enum]:
             if member.value.lower() == raw.lower():
                 return member
         allowed = ", ".join(m.value for m in enum_cls)
-        raise SettingsError(f"--{flag} must be one of {allowed}, not {raw!r}.", flag)
+        raise SettingsError(f"--{flag} must be one of {allowed}, not {quote(raw)}.", flag)
 
     return parse
 
 
-_ASCII_INT = re.compile(r"^[+-]?[0-9]+$")
-_ASCII_DECIMAL = re.compile(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)$")
+# At most 18 digits: every limit is far smaller, and Python refuses to convert
+# more than 4,300 (a ValueError that is no SettingsError).
+_ASCII_INT = re.compile(r"^[+-]?[0-9]{1,18}$")
+_ASCII_DECIMAL = re.compile(r"^[+-]?(?:[0-9]{1,18}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})$")
 
 
 def _int_range(low: int, high: int, *, allow_minus_one: bool = False) -> Callable[[str, str], int]:
@@ -119,7 +123,7 @@ def _int_range(low: int, high: int, *, allow_minus_one: bool = False) -> Callabl
         allowed = f"an integer from {low} to {high}" + (" or -1 (off)" if allow_minus_one else "")
         # Python's int() also reads other scripts' digits ("１２"); a flag is ASCII.
         if not _ASCII_INT.match(raw.strip()):
-            raise SettingsError(f"--{flag} must be {allowed}, not {raw!r}.", flag)
+            raise SettingsError(f"--{flag} must be {allowed}, not {quote(raw)}.", flag)
         value = int(raw, 10)
         if allow_minus_one and value == -1:
             return value
@@ -133,7 +137,7 @@ def _int_range(low: int, high: int, *, allow_minus_one: bool = False) -> Callabl
 def _failure_rate(flag: str, raw: str) -> float:
     allowed = "a fraction from 0 to 1, or -1 to disable"
     if not _ASCII_DECIMAL.match(raw.strip()):
-        raise SettingsError(f"--{flag} must be {allowed}, not {raw!r}.", flag)
+        raise SettingsError(f"--{flag} must be {allowed}, not {quote(raw)}.", flag)
     value = float(raw)
     if value == -1:
         return -1.0
@@ -146,11 +150,11 @@ def _c4d_envs(flag: str, raw: str) -> tuple[tuple[str, str], ...]:
     pairs: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in raw.split(","))):
         if "=" not in item:
-            raise SettingsError(f"--{flag} takes K1=V1,K2=V2 pairs; {item!r} has no '='.", flag)
+            raise SettingsError(f"--{flag} takes K1=V1,K2=V2 pairs; {quote(item)} has no '='.", flag)
         key, value = (s.strip() for s in item.split("=", 1))
         if key not in C4D_ENV_DEFAULTS:
             allowed = ", ".join(C4D_ENV_DEFAULTS)
-            raise SettingsError(f"--{flag}: unknown variable {key!r}; allowed: {allowed}.", flag)
+            raise SettingsError(f"--{flag}: unknown variable {quote(key)}; allowed: {allowed}.", flag)
         if key in pairs:
             raise SettingsError(f"--{flag}: {key} is given twice.", flag)
         pairs[key] = _check_c4d_value(flag, key, value)
@@ -160,16 +164,16 @@ def _c4d_envs(flag: str, raw: str) -> tuple[tuple[str, str], ...]:
 def _check_c4d_value(flag: str, key: str, value: str) -> str:
     if key in ("C4D_HANG_TIMEOUT", "C4D_HANG_TIMES", "C4D_CONN_BW_CHECK_PERIOD"):
         if not _ASCII_INT.match(value) or int(value) <= 0:
-            raise SettingsError(f"--{flag}: {key} must be a positive integer, not {value!r}.", flag)
+            raise SettingsError(f"--{flag}: {key} must be a positive integer, not {quote(value)}.", flag)
         return value
     if key == "C4D_RUNTIME_LOG_LEVEL":
         if value.upper() not in _C4D_RUNTIME_LEVELS:
             raise SettingsError(
-                f"--{flag}: {key} must be one of {', '.join(_C4D_RUNTIME_LEVELS)}, not {value!r}.", flag
+                f"--{flag}: {key} must be one of {', '.join(_C4D_RUNTIME_LEVELS)}, not {quote(value)}.", flag
             )
         return value.upper()
     if value.upper() not in ("TRUE", "FALSE"):
-        raise SettingsError(f"--{flag}: {key} must be TRUE or FALSE, not {value!r}.", flag)
+        raise SettingsError(f"--{flag}: {key} must be TRUE or FALSE, not {quote(value)}.", flag)
     return value.upper()
 
 
@@ -227,23 +231,30 @@ FLAGS: dict[str, FlagSpec] = {
 
 def parse_args_string(text: str) -> JobSettings:
     """Parse ``--name=value`` tokens into JobSettings; missing flags take defaults."""
+    text = text or ""
+    if len(text) > MAX_ARGS_CHARS:
+        # Before the split: shlex takes seconds over a megabyte.
+        raise SettingsError(f"The arguments string is {len(text):,} characters long; it may be at most "
+                            f"{MAX_ARGS_CHARS:,} (it begins {quote(text)}).",
+                            hint=f"every flag of the README's table fits in a few hundred characters; the limits are "
+                                 f"listed in {WHERE}")
     try:
-        tokens = shlex.split(text or "")
+        tokens = shlex.split(text)
     except ValueError as exc:
         raise SettingsError(f"The arguments string cannot be split: {exc}.", hint="check the quotes") from None
     values: dict[str, object] = {}
     for token in tokens:
         if not token.startswith("--") or "=" not in token:
             raise SettingsError(
-                f"{token!r} is not of the form --name=value.",
-                token,
+                f"{quote(token)} is not of the form --name=value.",
+                cut(token),
                 hint="write every flag as --name=value, e.g. --enable-job-restart=True",
             )
         name, raw = token[2:].split("=", 1)
         spec = FLAGS.get(name)
         if spec is None:
             raise SettingsError(
-                f"Unknown flag --{name}.", name, hint="known flags: " + ", ".join("--" + f for f in FLAGS)
+                f"Unknown flag --{cut(name)}.", cut(name), hint="known flags: " + ", ".join("--" + f for f in FLAGS)
             )
         if spec.field in values:
             raise SettingsError(f"--{name} is given more than once.", name)

@@ -80,3 +80,12 @@ def test_a_replay_that_reapplies_the_recorded_count_tells_it_once():
 
 def test_the_shipped_pack_keeps_30_messages_a_minute():
     assert (PER_WINDOW, WINDOW_S) == (30, 60.0)
+
+
+def test_a_rules_files_settings_change_the_custom_message_window(tmp_path):
+    from trainwarden.rules.loader import load_rule_files, rule_files, shipped_rules_dir
+
+    extra = tmp_path / "99-messages.yaml"
+    extra.write_text("version: 1\nsettings:\n  custom_messages_per_window: 5\n  custom_messages_window_s: 10\n")
+    pack = load_rule_files([*rule_files(shipped_rules_dir()), extra])
+    assert (pack.custom_messages_per_window, pack.custom_messages_window_s) == (5, 10.0)

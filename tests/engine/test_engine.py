@@ -77,7 +77,7 @@ def test_the_core_modules_import_no_io_and_read_no_clock():
     root = pathlib.Path(__file__).resolve().parents[2] / "pipeline" / "trainwarden"
     core = [*root.joinpath("engine").glob("*.py"), *root.joinpath("rules").glob("*.py"),
             *root.joinpath("evidence").glob("*.py"), root / "classify.py", root / "attribution.py",
-            root / "settings.py", root / "events.py", root / "supervision" / "intake.py",
+            root / "settings.py", root / "events.py", root / "limits.py", root / "supervision" / "intake.py",
             # the pure parsers: hang-interval advice, C4D lines, stack dumps and their grouping
             *(root / "diagnose" / name for name in ("advice.py", "c4d.py", "stacks.py", "report.py"))]
     assert len(core) > 25

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import socket
@@ -36,9 +35,8 @@ from trainwarden.services.observability import (
     parse_address,
     store_writable,
 )
-from trainwarden.services.runner import ServiceRun
+from trainwarden.services.runner import Reload, ServiceRun
 from trainwarden.store import default_store_dir, open_writer
-from trainwarden.yamlsrc import ConfigError
 
 COMMANDS = frozenset({"kafka", "agent", "processor", "actuator", "notifier", "submit", "nodes"})
 TAKES_COMMAND = frozenset({"submit"})
@@ -401,7 +399,7 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
             max(0.0, clock_now() - (d.detected_at or d.time))))
         observer.watch(lambda: service.counters, [
             ("processor_jobs", "Jobs whose engine state this processor holds.", lambda: len(service.jobs))])
-        reload = functools.partial(_reload_rules, run, service, args.rules)
+        reload = _rules_reload(service, args.rules)
         label = f"processor (rules {args.rules or 'shipped'})"
     elif args.command == "notifier":
         return _notifier(args, bus, run)
@@ -435,16 +433,17 @@ def _run_as(text: str | None):
         return fail(str(exc), hint=exc.hint)
 
 
-def _reload_rules(run: ServiceRun, processor, directory: str | None) -> None:
+def _rules_reload(processor, directory: str | None) -> Reload:
+    """SIGHUP: the rules directory parsed beside the loop, then swapped in for the jobs submitted from then on."""
     where = directory or "the shipped rules"
-    try:
-        pack = load_rules(directory)
-    except ConfigError as exc:
-        run.say("error", f"rules not reloaded from {where}, the previous rules stay: {exc}")
-        return
-    processor.use_rules(pack)
-    run.say("info", f"rules reloaded from {where}: {len(pack.files)} files, {len(pack.classifiers)} classifiers; "
-                    "jobs submitted from now on use them")
+
+    def swap(pack) -> str:
+        processor.use_rules(pack)
+        return (f"rules reloaded from {where}: {len(pack.files)} files, {len(pack.classifiers)} classifiers; "
+                "jobs submitted from now on use them")
+
+    return Reload(parse=lambda: load_rules(directory), swap=swap,
+                  refused=lambda exc: f"rules not reloaded from {where}, the previous rules stay: {exc}")
 
 
 def _notifier(args: argparse.Namespace, bus, run: ServiceRun) -> int:
@@ -485,15 +484,13 @@ def _notifier(args: argparse.Namespace, bus, run: ServiceRun) -> int:
     observer.readiness_check(lambda: store_writable(store) or directory_writable(options.directory,
                                                                                   "the notification queue"))
 
-    def reload() -> None:
-        try:
-            subscriptions = load_subscriptions(Path(args.notifications))
-        except ConfigError as exc:
-            run.say("error", f"subscriptions not reloaded, the previous ones stay: {exc}")
-            return
+    def swap(subscriptions) -> str:
         service.replace_notifications(lambda: notifications(dataclasses.replace(options, subscriptions=subscriptions)))
-        run.say("info", f"subscriptions reloaded from {args.notifications}: {len(subscriptions)}")
+        return f"subscriptions reloaded from {args.notifications}: {len(subscriptions)}"
 
+    # SIGHUP: the subscriptions (templates rendered with samples) checked beside the loop, then swapped in.
+    reload = Reload(parse=lambda: load_subscriptions(Path(args.notifications)), swap=swap,
+                    refused=lambda exc: f"subscriptions not reloaded, the previous ones stay: {exc}")
     return run.run(service, f"notifier ({len(options.subscriptions)} subscriptions, queue in "
                             f"{options.directory}, deliveries in {store})", reload)
 

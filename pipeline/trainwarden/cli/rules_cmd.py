@@ -24,7 +24,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         errors = getattr(exc, "errors", [exc])
         print_json({"valid": False, "errors": [{"file": e.path, "line": e.line,
                                                 "message": str(e).removeprefix(f"{e.path}:{e.line}: ")}
-                                               for e in errors]})
+                                               for e in errors],
+                    "more_errors": getattr(exc, "more", 0)})
         return 2
     rows = ([("classifier", c.name, f"{c.category}, {c.verdict.value.replace('_', ' ')}, "
               f"priority {c.priority}" + (", aftermath" if c.aftermath else ""), str(c.origin))

@@ -33,6 +33,7 @@ from trainwarden.events import (
     SdkOp,
     Tick,
 )
+from trainwarden.limits import MAX_INSTANCES, MAX_ROLES
 from trainwarden.rules.model import RulePack
 from trainwarden.sdk.protocol import MAX_STEP
 from trainwarden.settings import JobSettings, SettingsError, parse_args_string
@@ -44,13 +45,20 @@ _NO_DECISIONS: list = []  # shared and never mutated: the common answer to a log
 
 
 def start_job(event: JobSubmitted, pack: RulePack, now: float) -> tuple[JobState, list[Decision]]:
-    """The state of a newly submitted job; an invalid arguments string fails it at once."""
+    """The state of a newly submitted job; an invalid arguments string, or
+    more instances than a job may have, fails it at once (and cheaply: no
+    state is made for the instances of a job refused for their number)."""
+    instances = event.instances
     try:
         settings = parse_args_string(event.args)
-        problem = "" if event.instances else "the job has no instances"
+        problem = "" if instances else "the job has no instances"
     except SettingsError as exc:
         settings, problem = JobSettings(), str(exc)
-    state = new_job_state(event.job_id, event.framework, settings, pack, event.instances)
+    if len(instances) > MAX_INSTANCES:
+        problem, instances = f"the job has {len(instances):,} instances; a job may have at most {MAX_INSTANCES}", ()
+    elif event.spec is not None and len(event.spec.roles) > MAX_ROLES:
+        problem, instances = f"the job has {len(event.spec.roles):,} roles; a job may have at most {MAX_ROLES}", ()
+    state = new_job_state(event.job_id, event.framework, settings, pack, instances)
     state.activity_reports = event.activity_reports
     if event.spot and not problem:
         state.spot = spot.new_spot_state(state, event, now)

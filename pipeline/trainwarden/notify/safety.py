@@ -4,18 +4,22 @@
   literals that look like secrets are refused at validation time, so they
   never land in git. Resolved values exist only in memory while a request is
   built; anything written to a log or a record goes through ``redact``.
-- Targets: link-local and cloud metadata addresses are refused unless the
-  subscription says ``allow_private_targets: true`` (they reach credentials of
-  the machine the notifier runs on). Loopback is refused too unless the same
-  flag is set or the notifier was created with ``allow_loopback=True`` (tests):
-  a local admin endpoint is as dangerous a target as metadata. Private
-  (RFC 1918, ULA) addresses are allowed: in-house alert gateways live there.
-  The check is made on every address a name resolves to, at each attempt,
-  and the connection goes to the address that was checked (no DNS rebinding).
+- Targets: cloud metadata and link-local addresses are always refused (they
+  reach credentials of the machine the notifier runs on, and no receiver of
+  alerts lives there), and so are multicast and reserved ones. Loopback (and
+  the unspecified address, which reaches it) is refused unless the target
+  says ``allow_private_targets: true`` (a receiver beside the notifier, put
+  there on purpose) or the notifier was created with ``allow_loopback=True``
+  (tests): a local admin endpoint is a dangerous target to reach by mistake.
+  Private (RFC 1918, ULA) addresses are allowed: in-house alert gateways live
+  there. The check is made on every address a name resolves to, at each
+  attempt, and the connection goes to the address that was checked (no DNS
+  rebinding).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 import socket
@@ -127,13 +131,32 @@ def url_problem(url: str) -> Optional[str]:
     return None
 
 
-def host_problem(host: str, allow_private: bool, allow_loopback: bool) -> Optional[str]:
+# Where the setting goes; the refusal of a loopback target says so, word for word.
+ALLOW_SETTING = "allow_private_targets: true"
+LOOPBACK_HINT = f"add '{ALLOW_SETTING}' to the subscription's 'target:' (beside its 'url') if it really should " \
+                "receive notifications"
+NEVER_HINT = "no setting allows it: metadata, link-local, multicast and reserved addresses are never webhook targets"
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetProblem:
+    """Why a target is refused, and whether ``allow_private_targets`` lifts it (loopback only)."""
+
+    text: str
+    loopback: bool = False
+
+    @property
+    def hint(self) -> str:
+        return LOOPBACK_HINT if self.loopback else NEVER_HINT
+
+
+def host_problem(host: str, allow_private: bool, allow_loopback: bool) -> Optional[TargetProblem]:
     """Checks of a host name or literal address, before any resolution."""
     name = host.strip("[]").rstrip(".").lower()
-    if not allow_private and name in METADATA_HOSTS:
-        return f"{name} is a cloud metadata service"
+    if name in METADATA_HOSTS:
+        return TargetProblem(f"{name} is a cloud metadata service")
     if not (allow_private or allow_loopback) and (name == "localhost" or name.endswith(".localhost")):
-        return f"{name} is the loopback interface"
+        return TargetProblem(f"{name} is the loopback interface", loopback=True)
     try:
         address = ipaddress.ip_address(name)
     except ValueError:
@@ -147,20 +170,20 @@ def host_problem(host: str, allow_private: bool, allow_loopback: bool) -> Option
 
 
 def address_problem(address: ipaddress.IPv4Address | ipaddress.IPv6Address, allow_private: bool,
-                    allow_loopback: bool) -> Optional[str]:
+                    allow_loopback: bool) -> Optional[TargetProblem]:
     if isinstance(address, ipaddress.IPv6Address):
         # ::ffff:169.254.169.254 and 6to4 2002:a9fe:a9fe:: reach 169.254.169.254
         address = address.ipv4_mapped or address.sixtofour or address
-    if allow_private:
-        return None
     if address in METADATA_ADDRESSES:
-        return f"{address} is a cloud metadata address"
+        return TargetProblem(f"{address} is a cloud metadata address")
     if any(address in net for net in LINK_LOCAL):
-        return f"{address} is link-local"
-    if (address.is_loopback or address.is_unspecified) and not allow_loopback:
-        return f"{address} is the loopback interface"
+        return TargetProblem(f"{address} is link-local")
+    if address.is_loopback or address.is_unspecified:
+        if allow_private or allow_loopback:
+            return None
+        return TargetProblem(f"{address} is the loopback interface", loopback=True)
     if address.is_multicast or address.is_reserved:
-        return f"{address} is not a unicast address"
+        return TargetProblem(f"{address} is not a unicast address")
     return None
 
 
@@ -176,9 +199,8 @@ def check_addresses(host: str, addresses: Iterable[str], allow_private: bool, al
             raise TargetRefused(_refusal(host, problem))
 
 
-def _refusal(host: str, problem: str) -> str:
-    return (f"target {host} refused: {problem}; set 'allow_private_targets: true' on the subscription "
-            f"if it really should receive notifications")
+def _refusal(host: str, problem: TargetProblem) -> str:
+    return f"target {host} refused: {problem.text}; {problem.hint}"
 
 
 def redact_url(url: str) -> str:

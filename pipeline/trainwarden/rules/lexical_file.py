@@ -20,10 +20,13 @@ from __future__ import annotations
 from typing import Optional
 
 from trainwarden.evidence.lexical import LexicalModel, WeightsError, parse_weights
+from trainwarden.limits import RULES
 from trainwarden.yamlsrc import ConfigError, Fields
 
-# The weights of one model; past this it is not a model someone trained.
-MAX_WEIGHTS_CHARS = 10 * 1024 * 1024
+# The weights of one model; past this it is not a model someone trained. A rule
+# file is refused past the same size before it is parsed (limits.RULES); this
+# holds for a pack built from a document that did not come from a file.
+MAX_WEIGHTS_CHARS = RULES.max_file_bytes
 
 
 def lexical_setting(fields: Fields) -> Optional[LexicalModel]:
