@@ -22,7 +22,7 @@ from typing import Callable, Optional
 from trainwarden.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, PREFIX, Bus, Message
 from trainwarden.bus.messages import DecisionRecord, LogBatch, Recorded, WireLogLine
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
-from trainwarden.engine import JobState, replay_decision, start_job
+from trainwarden.engine import JobState, rebase_times, replay_decision, start_job
 from trainwarden.events import Decision, JobSubmitted, LogLine, Tick
 from trainwarden.store.records import DeadLetter
 from trainwarden.supervision.intake import Taken, take
@@ -147,6 +147,8 @@ class Processor:
         if message is None or isinstance(message, DecisionRecord):
             return []  # our own records matter only to a replay
         self.counters.events += 1
+        # Live: when it arrived, on this clock. A replay: the sender's time, so
+        # that its decisions are derived as they first were (then rebase_times).
         now = self.clock() if live else message.time
         if isinstance(message, JobSubmitted):
             if message.job_id in self.jobs:
@@ -194,11 +196,14 @@ class Processor:
         else:
             assert isinstance(message, LogBatch)
             lines = [(line.time, line.stream, line.text) for line in message.lines]
-        for when, stream, text in lines:
+        # Dated by their arrival here, not by the agent's (or Vector's) clock:
+        # silence is judged on this process's clock alone (engine/core.py).
+        arrived = self.clock()
+        for _, stream, text in lines:
             self.counters.log_lines += 1
-            event = LogLine(job_id=message.job_id, time=when, instance=message.instance, round=message.round,
+            event = LogLine(job_id=message.job_id, time=arrived, instance=message.instance, round=message.round,
                             start=message.start, text=text, stream=stream)
-            taken = self._take(state, event, self.clock(), message.node, True)
+            taken = self._take(state, event, arrived, message.node, True)
             state = taken.state
             self._publish(taken.decisions, record.partition)
 
@@ -247,6 +252,12 @@ class Processor:
         lost = [d for action, d in derived.items() if action not in recorded]
         self.counters.republished += len(lost)
         self._publish(lost, partition)
+        # The replay ran each event at its sender's time (its decisions come
+        # out as they first did); the timers now run on this clock.
+        now = self.clock()
+        for job_id, state in self.jobs.items():
+            if self.partition_of.get(job_id) == partition:
+                rebase_times(state, now)
 
     # ------------------------------------------------------------ output
 
