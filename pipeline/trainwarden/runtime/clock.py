@@ -43,7 +43,7 @@ class StepWatch:
         self.wall0 = wall()
         self.mono0 = mono()
         self._next_check = self.mono0 + CHECK_EVERY_S
-        # How far the wall clock is ahead of ours: 0 until a step.
+        # How far the wall clock is ahead of ours, as of the last check.
         self.offset = 0.0
         self.steps = 0
 
@@ -59,10 +59,9 @@ class StepWatch:
                 return  # another thread checked meanwhile
             self._next_check = mono + CHECK_EVERY_S
             offset = self._wall() - (self.wall0 + (mono - self.mono0))
-            step = offset - self.offset
+            step, self.offset = offset - self.offset, offset
             if abs(step) < STEP_S:
                 return
-            self.offset = offset
             self.steps += 1
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._wall()))
         side = "behind" if offset > 0 else "ahead of"
@@ -79,5 +78,5 @@ def now() -> float:
 
 
 def wall_offset() -> float:
-    """Seconds the wall clock is ahead of ``now()`` after the steps seen so far (0 without one)."""
+    """Seconds the wall clock is ahead of ``now()`` (as of the last check; 0 without a step)."""
     return _watch.offset
