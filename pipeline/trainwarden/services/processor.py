@@ -82,8 +82,13 @@ class Processor:
     def run_once(self, timeout_s: Optional[float] = None) -> None:
         wait = self.tick_s if timeout_s is None else timeout_s
         records = self.consumer.poll(max(0.0, min(wait, self._next_tick - self.clock())), max_records=2000)
-        self._take_assignments()
+        sought = self._take_assignments()
         for record in records:
+            if record.topic == EVENTS and record.partition in sought:
+                # Fetched from the committed offset before the seek to the
+                # beginning: the replay reads it again, in its place. Taken
+                # here, it would end the replay before the records before it.
+                continue
             self._route(record)
         self._finish_replays()
         if self.clock() >= self._next_tick:
@@ -101,9 +106,10 @@ class Processor:
 
     # ---------------------------------------------------------- partitions
 
-    def _take_assignments(self) -> None:
+    def _take_assignments(self) -> set[int]:
+        """The events partitions just assigned, now read again from their beginning."""
         if not self._assigned:
-            return
+            return set()
         assigned, self._assigned[:] = list(self._assigned), []
         partitions = [p for topic, p in assigned if topic == EVENTS]
         for partition in partitions:
@@ -114,6 +120,7 @@ class Processor:
             if end > 0:
                 self.replays[partition] = _Replay(end=end)
         self.consumer.seek_to_beginning([(EVENTS, p) for p in partitions])
+        return set(partitions)
 
     def _route(self, record: Message) -> None:
         if record.topic == EVENTS:
