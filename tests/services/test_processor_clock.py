@@ -2,6 +2,7 @@
 whose clock is off by an hour or by 4 s: silence is judged by when lines and
 reports arrive at the processor, live and after a takeover's replay."""
 
+import msgspec
 import pytest
 
 from trainwarden.bus import EVENTS, LOGS, topic_specs
@@ -9,7 +10,7 @@ from trainwarden.bus.memory import MemoryBus
 from trainwarden.bus.messages import Line, LogBatch
 from trainwarden.bus.serde import encode
 from trainwarden.engine.virtual import instance_specs
-from trainwarden.events import Activity, InstanceActivity, InstanceStarted, JobSubmitted, Reason, Stream
+from trainwarden.events import InstanceStarted, JobSubmitted, Reason, Stream
 from trainwarden.rules.loader import load_rules
 from trainwarden.services.processor import TICK_S, Processor
 
@@ -55,9 +56,12 @@ class SkewedAgent:
             self.last_line[name] = self.time
 
     def report(self) -> None:
-        self.producer.send(EVENTS, "j1", encode(InstanceActivity(job_id="j1", time=self.time, node="n1", instances=tuple(
-            Activity(name, 0, 0, self.last_line[name], silent_s=self.time - self.last_line[name], spoke=True)
-            for name in NAMES))))
+        # As the wire carries it (docs/MESSAGES.md): the silence as a duration,
+        # and, for readers older than silent_s, the last output on the agent's clock.
+        self.producer.send(EVENTS, "j1", b'{"v":1,' + msgspec.json.encode({
+            "type": "instance_activity", "job_id": "j1", "time": self.time, "node": "n1",
+            "instances": [{"instance": name, "round": 0, "start": 0, "last_output": self.last_line[name],
+                           "silent_s": self.time - self.last_line[name], "spoke": True} for name in NAMES]})[1:])
 
 
 def _processor(bus, clock, decided) -> Processor:

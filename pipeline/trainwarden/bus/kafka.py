@@ -133,6 +133,8 @@ class KafkaBus:
         (the legacy AlterConfigs replaces a topic's whole configuration)."""
         from kafka.admin import ConfigResource, ConfigResourceType
 
+        if not topics:
+            return
         errors = _kafka().errors
         try:
             described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in topics])

@@ -7,7 +7,7 @@ its timers (backward); records still carry times close to the wall clock.
 So the times of two processes are not one clock: processes started on either
 side of a step differ by the step for as long as they run, and hosts differ
 by their skew. No decision compares absolute times taken by different
-processes (docs/DESIGN.md, "Time"): each compares times of its own clock, and
+processes (docs/MESSAGES.md, "Time"): each compares times of its own clock, and
 ages cross process boundaries as durations.
 
 A step of the wall clock is noticed (``now`` compares the wall clock's
