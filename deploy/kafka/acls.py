@@ -77,8 +77,10 @@ def acls_for(prefix: str) -> list[ACL]:
                                 ACLResourcePatternType.PREFIXED))
             else:
                 acls.append(acl(user, ACLOperation.READ, ResourceType.GROUP, f"{prefix}-{group}"))
-    # kafka init: create this prefix's topics and see the ones that exist.
-    for operation in (ACLOperation.CREATE, ACLOperation.DESCRIBE):
+    # kafka init: create this prefix's topics, see the ones that exist, and
+    # have them record the broker's append time (bus/kafka.py).
+    for operation in (ACLOperation.CREATE, ACLOperation.DESCRIBE, ACLOperation.DESCRIBE_CONFIGS,
+                      ACLOperation.ALTER_CONFIGS):
         acls.append(acl("cli", operation, ResourceType.TOPIC, f"{prefix}.", ACLResourcePatternType.PREFIXED))
     return acls
 

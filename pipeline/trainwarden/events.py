@@ -4,7 +4,9 @@ Everything that crosses a boundary (runtime -> engine, engine -> actuator,
 bus, history) is one of these structs. They are msgspec structs so the same
 definitions serve in-process use and the wire format (see ``trainwarden.bus.serde``).
 Times are float seconds since the epoch and are always carried as data: nothing
-here reads a clock.
+here reads a clock. An event's ``time`` is on the clock of the process that
+made it; the engine dates what it learns by the ``now`` it is given (the
+deciding process's clock) and keeps ``time`` for the record.
 """
 
 from __future__ import annotations
@@ -169,8 +171,8 @@ class JobSubmitted(msgspec.Struct, frozen=True, tag="job_submitted"):
     args: str
     instances: tuple[InstanceSpec, ...]
     spec: Optional[JobSpec] = None
-    # Agents report each instance's last output time every second; the hang
-    # detector then refuses to judge silence on stale reports.
+    # Agents report how long each instance has been silent every second; the
+    # hang detector then refuses to judge silence on stale reports.
     activity_reports: bool = False
     # Spot roles: the job waits in the bidding queue until the market allows.
     spot: tuple[SpotBid, ...] = ()
@@ -209,14 +211,31 @@ class InstanceExited(msgspec.Struct, frozen=True, tag="instance_exited"):
 
 
 class Activity(msgspec.Struct, frozen=True):
+    """One incarnation as its node agent last saw it. Its silence travels as
+    a duration on the agent's own clock: the reader dates the last output by
+    its own clock at arrival, never by comparing the agent's clock with its own."""
+
     instance: str
     round: int
     start: int
+    # When it last printed (or started), on the agent's clock: for readers of
+    # messages without ``silent_s``, which take ``time - last_output``.
     last_output: float
+    # Seconds since it last printed (or started, if it has not), on the agent's clock.
+    silent_s: Optional[float] = None
+    # Whether it has printed a line since it started (None: the agent did not say).
+    spoke: Optional[bool] = None
+
+    def silence(self, reported_at: float) -> float:
+        """Its silence when reported, in seconds: a difference of two times of
+        one clock (the agent's) whichever version of the message this is."""
+        silent = self.silent_s if self.silent_s is not None else reported_at - self.last_output
+        return silent if silent > 0.0 else 0.0
 
 
 class InstanceActivity(msgspec.Struct, frozen=True, tag="instance_activity"):
-    """A node agent's report on the job's instances it runs."""
+    """A node agent's report on the job's instances it runs (``time`` is the
+    agent's, when it reported)."""
 
     job_id: str
     time: float

@@ -18,19 +18,40 @@ import pytest
 from tests.conftest import ROOT, TRAINWARDEN
 
 KAFKA_SCRIPT = ROOT / "deploy" / "kafka" / "local-kafka"
+# libfaketime, where Debian's and Fedora's `faketime` packages put it.
+FAKETIME_LIBRARIES = ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+                      "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+                      "/usr/lib/faketime/libfaketime.so.1", "/usr/lib64/faketime/libfaketime.so.1")
+
+
+def skewed_clock(offset: str) -> dict[str, str]:
+    """The environment that runs a process (and its children) with its wall
+    clock ``offset`` off ("+1h", "-4"), as on a host whose NTP is wrong:
+    libfaketime on the wall clock only, the monotonic clock left true (and
+    faketime/sitecustomize.py, for Python's sleep under it). The test skips,
+    saying why, when libfaketime is not installed."""
+    library = next((path for path in FAKETIME_LIBRARIES if Path(path).exists()), None)
+    if library is None:
+        pytest.skip("libfaketime is not installed (apt-get install faketime): the clock-skew tests need it to skew "
+                    "one process's clock")
+    return {"LD_PRELOAD": library, "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": os.pathsep.join((str(Path(__file__).parent / "faketime"), str(ROOT / "pipeline")))}
 
 
 class ServiceProcesses:
     def __init__(self, bootstrap: str, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 3.0,
                  slurm_dir: Path | None = None, metrics: bool = False, rules: Path | None = None,
-                 agent_args: tuple[str, ...] = (), user: int | None = None, python: str = sys.executable):
+                 agent_args: tuple[str, ...] = (), user: int | None = None, python: str = sys.executable,
+                 agent_env: dict[int, dict[str, str]] | None = None):
         """slurm_dir: the agents are those of the local Slurm cluster's nodes
         (n1..n3), and the actuator runs --runtime slurm jobs through Slurm.
         metrics: every service serves /metrics, /healthz and /readyz on a port
         of its own (``metrics_url``). rules: the processor's --rules.
         agent_args: more options of every agent (--run-as). user: the uid
         (and gid) every service runs as, with ``python`` (one that user can
-        run; tests/other_user.py), in a ``tmp`` that user can write."""
+        run; tests/other_user.py), in a ``tmp`` that user can write.
+        agent_env: more environment for the agent of node number N (from 0),
+        e.g. ``skewed_clock("+1h")``."""
         self.user = user
         self.command = [python, "-m", "trainwarden.cli.main"]
         self.agent_args = tuple(agent_args)
@@ -56,8 +77,12 @@ class ServiceProcesses:
         subprocess.run([*TRAINWARDEN, "kafka", "init", "--partitions", "4"], env=self.env, cwd=ROOT, check=True,
                        capture_output=True, timeout=120)
         self.node_names = [f"n{i + 1}" if slurm_dir else f"{self.prefix}-{i}" for i in range(nodes)]
-        for name in self.node_names:
-            self.start_agent(name)
+        for index, name in enumerate(self.node_names):
+            extra = (agent_env or {}).get(index)
+            if extra:
+                self.start_agent(name, extra)
+            else:
+                self.start_agent(name)  # as subclasses that wrap it (test_kafka_security.py) call it
         self.start("processor")
         self.start("actuator")
         time.sleep(4.0)  # groups joined, a heartbeat from every agent
@@ -82,9 +107,9 @@ class ServiceProcesses:
         self.procs[name] = proc
         return proc
 
-    def start_agent(self, node: str) -> subprocess.Popen:
+    def start_agent(self, node: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.tmp / f"agent-{node}.log", "ab")
-        env = dict(self.env)
+        env = dict(self.env, **(extra_env or {}))
         if os.environ.get("TRAINWARDEN_TEST_KAFKA_DEBUG"):
             env["TRAINWARDEN_KAFKA_DEBUG"] = str(self.tmp / f"agent-{node}.kafka-debug")
         import queue
@@ -144,9 +169,9 @@ class ServiceProcesses:
     def alive(self) -> dict[str, bool]:
         return {name: proc.poll() is None for name, proc in self.procs.items()}
 
-    def submit(self, *args: str, timeout: float = 180) -> subprocess.Popen:
-        return subprocess.Popen([*TRAINWARDEN, "submit", "--follow", *args], env=self.env, cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def submit(self, *args: str, timeout: float = 180, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+        return subprocess.Popen([*TRAINWARDEN, "submit", "--follow", *args], env=dict(self.env, **(extra_env or {})),
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def history(self, job_id: str) -> list[dict]:
         out = subprocess.run([*TRAINWARDEN, "history", "--job", job_id, "--json", "--wide", "--store",

@@ -67,6 +67,9 @@ def test_an_isolated_node_that_is_lost_comes_back_isolated_also_for_a_restarted_
     service.run_once(0.0)
     service.isolate("gpu-1", True, "c4d_error")
     service.run_once(0.0)
+    # Past the fresh actuator's wait: the heartbeat is dated by the actuator's clock (runtime/nodes.py).
+    clock.now += 6
+    service.run_once(0.0)
     clock.now += 20  # silent past the timeout: lost (the loss is written to the state topic and read back)
     service.run_once(0.0)
     service.run_once(0.0)

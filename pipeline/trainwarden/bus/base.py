@@ -38,6 +38,10 @@ class Message:
     partition: int = 0
     offset: int = -1
     timestamp_ms: int = 0
+    # When the broker appended it, on the broker's clock, if the topic records
+    # that (message.timestamp.type=LogAppendTime, set by `kafka init`); else 0.
+    # No producer can set it: bus/signing.py judges a message's age by it.
+    append_ms: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,9 +28,14 @@ from trainwarden.bus.base import BusError, Message, TopicSpec
 from trainwarden.bus.kafka_security import KafkaSecurity, source
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+# Every topic records when the broker appended each message (one clock, which
+# no producer sets): bus/signing.py judges a signed message's age by it.
+APPEND_TIME_KEY = "message.timestamp.type"
+APPEND_TIME = {APPEND_TIME_KEY: "LogAppendTime"}
 # The login check's bound: a broker that has not answered by then is treated
 # as unreachable (the clients then wait it out as they always do).
 LOGIN_CHECK_S = 10.0
+_log = logging.getLogger("trainwarden.kafka")
 UNREACHABLE_HINT = "start it (deploy/kafka/local-kafka start) or pass --bootstrap HOST:PORT"
 
 # kafka-python logs every reconnect attempt as an error; the services report
@@ -105,7 +110,7 @@ class KafkaBus:
         try:
             existing = set(admin.list_topics())
             wanted = [NewTopic(s.name, s.partitions, 1,
-                               topic_configs={"cleanup.policy": "compact"} if s.compacted else {})
+                               topic_configs={**APPEND_TIME, **({"cleanup.policy": "compact"} if s.compacted else {})})
                       for s in specs if s.name not in existing]
             if wanted:
                 try:
@@ -117,9 +122,41 @@ class KafkaBus:
                                    f"{', '.join(t.name for t in wanted)} ({type(exc).__name__}).",
                                    hint="run `trainwarden kafka init` with credentials allowed to create them "
                                         "(an ACL for Create on the topics), or create them as an admin") from None
+            self._record_append_time(admin, [s.name for s in specs if s.name in existing])
             return [t.name for t in wanted]
         finally:
             admin.close()
+
+    def _record_append_time(self, admin, topics: list[str]) -> None:
+        """Topics made by an older `kafka init` record the producer's time: set
+        the broker's append time on them too, keeping their other settings
+        (the legacy AlterConfigs replaces a topic's whole configuration)."""
+        from kafka.admin import ConfigResource, ConfigResourceType
+
+        if not topics:
+            return
+        errors = _kafka().errors
+        try:
+            described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in topics])
+            changes = []
+            for response in described:
+                for error_code, _, _, name, entries in response.resources:
+                    if error_code:
+                        raise errors.for_code(error_code)(name)
+                    # (name, value, read_only, source, sensitive, ...); source 1: set on this topic.
+                    own = {e[0]: e[1] for e in entries if e[3] == 1 and not e[4]}
+                    if own.get(APPEND_TIME_KEY) != APPEND_TIME[APPEND_TIME_KEY]:
+                        changes.append(ConfigResource(ConfigResourceType.TOPIC, name, configs={**own, **APPEND_TIME}))
+            if changes:
+                for error_code, error_message, _, name in admin.alter_configs(changes).resources:
+                    if error_code:
+                        raise errors.for_code(error_code)(f"{name}: {error_message or ''}")
+        except errors.KafkaError as exc:
+            _log.warning("the Kafka topics %s may still record the producers' time, not the broker's append time "
+                         "(%s): a signed message's age is then judged on each consumer's clock. Fix: let %s alter "
+                         "the topics' configuration and run `trainwarden kafka init` again, or set "
+                         "message.timestamp.type=LogAppendTime on them (kafka-configs.sh --alter --add-config)",
+                         ", ".join(topics), type(exc).__name__, self._who())
 
     def producer(self) -> "KafkaProducerAdapter":
         kafka = _kafka()
@@ -276,7 +313,9 @@ class KafkaConsumerAdapter:
         for tp, items in batches.items():
             for r in items:
                 key = r.key.decode("utf-8", errors="replace") if r.key is not None else ""
-                records.append(Message(tp.topic, key, r.value, tp.partition, r.offset, r.timestamp))
+                # timestamp_type 1: the broker's LogAppendTime, not the producer's CreateTime.
+                records.append(Message(tp.topic, key, r.value, tp.partition, r.offset, r.timestamp,
+                                       r.timestamp if r.timestamp_type == 1 else 0))
         return records
 
     def assignment(self) -> list[tuple[str, int]]:

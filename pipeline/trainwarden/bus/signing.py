@@ -27,11 +27,11 @@ import hmac
 import ipaddress
 import os
 import re
+import time
 from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
 from trainwarden.bus.base import DEAD_LETTERS, LOGS, BusError, Message, TopicSpec
 from trainwarden.bus.serde import SIGNED_PREFIX, dead_letter
-from trainwarden.runtime.clock import now as clock_now
 from trainwarden.yamlsrc import ConfigError, ConfigErrors
 
 ENV_KEY = "TRAINWARDEN_SIGNING_KEY"
@@ -48,6 +48,10 @@ MIN_SECRET_CHARS = 32
 MAX_KEYRING_BYTES = 64 * 1024
 DEFAULT_MAX_AGE_S = 600.0
 MAX_MAX_AGE_S = 7 * 86400.0
+# A producer's clock may be ahead of the broker's by this much: a message
+# signed later than it was appended cannot be a stale copy, but one signed a
+# day ahead comes from a broken clock, and its copies would stay fresh as long.
+MAX_AHEAD_S = 86400.0
 # Ids remembered per topic and consumer: about 10 MB at most for each.
 WINDOW_IDS = 50_000
 
@@ -325,10 +329,23 @@ class Verifier:
         if earlier is not None and earlier != position:
             return Verdict(None, "replayed", f"replayed: message id {mid.decode()} was read before at partition "
                                              f"{earlier[0]} offset {earlier[1]}")
-        age = now - int(ms) / 1000.0
-        if not backlog and abs(age) > self.config.max_age_s:
-            return Verdict(None, "expired", f"expired: signed {age:.0f} s before it was read; the most is "
-                                            f"{self.config.max_age_s:.0f} s (--signing-max-age)")
+        # The age is judged on the broker's clock when the topic records its
+        # append time (no producer can set it; `kafka init` configures it), so
+        # the consumer's own clock plays no part; else on this consumer's. Only
+        # a message signed long BEFORE that is refused: a copy is always older
+        # than its original, while a producer whose clock is ahead signs "in
+        # the future" (a submit from a host an hour ahead must run), so that
+        # direction is allowed up to MAX_AHEAD_S.
+        appended = record.append_ms / 1000.0 if record.append_ms else None
+        age = (now if appended is None else appended) - int(ms) / 1000.0
+        when = "read" if appended is None else "appended"
+        if not backlog and age > self.config.max_age_s:
+            behind = "" if appended is None else "; or its producer's clock is that far behind the broker's"
+            return Verdict(None, "expired", f"expired: signed {age:.0f} s before it was {when}; the most is "
+                                            f"{self.config.max_age_s:.0f} s (--signing-max-age){behind}")
+        if not backlog and -age > MAX_AHEAD_S:
+            return Verdict(None, "expired", f"expired: signed {-age:.0f} s after it was {when}; a producer's "
+                                            f"clock may be at most {MAX_AHEAD_S:.0f} s ahead: check its time")
         if earlier is None:
             seen[mid] = position
             if len(seen) > self.config.window:
@@ -355,7 +372,11 @@ class SigningCounters:
 
 class SigningBus:
     def __init__(self, inner, config: SigningConfig, service: str = "trainwarden",
-                 clock: Callable[[], float] = clock_now):
+                 clock: Callable[[], float] = time.time):
+        # The host's wall clock, not runtime/clock.py's step-free one: a
+        # signature's time is held against the broker's clock, which NTP keeps
+        # near the hosts' wall clocks; a service started before a step would
+        # otherwise sign by a clock that is off by the step for as long as it runs.
         self.inner = inner
         self.config = config
         self.service = service

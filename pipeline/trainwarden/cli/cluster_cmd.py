@@ -304,7 +304,8 @@ def _signing_options(parser: argparse.ArgumentParser) -> None:
             help="the signing keyring: lines KEY_ID SECRET, the first key signs, every key verifies (or one key in "
                  "$TRAINWARDEN_SIGNING_KEY); without a key, messages are unsigned")
     _option(parser, "--signing-max-age", type=_signing_max_age, metavar="SECONDS",
-            help="a message signed longer ago than this when it arrives is refused as expired (default 600)")
+            help="a message signed longer ago than this when the broker appended it is refused as expired "
+                 "(default 600); a producer's clock behind the broker's by more looks the same")
     _switch(parser, "--trusted-network", help="without a signing key, use a broker that is not on this host anyway: "
                                               "only trusted hosts can reach it")
 

@@ -2,6 +2,13 @@
 
 No clock, no I/O, no sleeping: time arrives as ``now``. The same function
 serves the embedded run, the Kafka processor, rule unit tests and simulation.
+
+``now`` is the deciding process's clock when it learned of the event, and
+everything a timer later compares with ``now`` (when an instance started,
+last printed, was last reported on) is dated by it, never by the event's
+``time``: that is another process's clock (an agent's, ``submit``'s), and
+comparing the two would turn their skew into silence or liveness. An event's
+``time`` is kept for what is recorded (``detected_at``, the failure's time).
 """
 
 from __future__ import annotations
@@ -97,7 +104,7 @@ def _on_started(state: JobState, event: InstanceStarted, now: float) -> list[Dec
     if inst is None or inst.status is not InstanceStatus.PENDING:
         return []
     inst.status = InstanceStatus.RUNNING
-    inst.started_at = inst.last_output = inst.reported_at = event.time
+    inst.started_at = inst.last_output = inst.reported_at = now
     inst.node = event.node
     inst.pid = event.pid
     return []
@@ -107,8 +114,8 @@ def _on_log(state: JobState, event: LogLine, now: float) -> list[Decision]:
     inst = state.current(event.instance, event.round, event.start)
     if inst is None:
         return []
-    if event.time > inst.last_output:
-        inst.last_output = event.time
+    if now > inst.last_output:
+        inst.last_output = now
     inst.spoke = True
     text = event.text
     inst.tail.append(text)
@@ -167,7 +174,7 @@ def _on_sdk(state: JobState, event: SdkMessage, now: float) -> list[Decision]:
             inst.spoke = True
             # A new interval restarts the silence clock: leaving a long silent
             # hang_detect(-1) scope is not an instant hang.
-            inst.last_output = max(inst.last_output, event.time)
+            inst.last_output = max(inst.last_output, now)
     return []
 
 
@@ -181,14 +188,20 @@ def _on_tick(state: JobState, event: Tick, now: float) -> list[Decision]:
 
 
 def _on_activity(state: JobState, event: InstanceActivity, now: float) -> list[Decision]:
+    # The agent says how long each instance has been silent, on its own clock;
+    # the last output is dated by ours: now minus that silence (the report's
+    # time in transit counts as output, so silence is never overstated).
     for report in event.instances:
         inst = state.current(report.instance, report.round, report.start)
         if inst is None:
             continue
-        if report.last_output > inst.last_output:
-            inst.last_output = report.last_output
-            inst.spoke = inst.spoke or report.last_output > inst.started_at
-        inst.reported_at = max(inst.reported_at, event.time)
+        heard = now - report.silence(event.time)
+        if heard > inst.last_output:
+            inst.last_output = heard
+        # A report without ``spoke`` (an older agent) says nothing of it: the
+        # start-up allowance stays, which can delay a hang, never fake one.
+        inst.spoke = inst.spoke or bool(report.spoke)
+        inst.reported_at = max(inst.reported_at, now)
     return []
 
 
@@ -275,6 +288,34 @@ def replay_decision(state: JobState, decision: Decision) -> JobState:
     timer decisions): the state moves on as when it was first taken."""
     if not state.finished:
         apply(state, decision)
+    return state
+
+
+def rebase_times(state: JobState, now: float) -> JobState:
+    """Move the timers of a state rebuilt by a replay onto the clock of ``now``.
+
+    A replay steps each event at its own ``time`` so that the decisions events
+    caused are derived again as they were first; that leaves the timers on the
+    clocks of the processes that sent the events. Each instance's times move by
+    the shift that brings its agent's last report on it to ``now``, which keeps
+    the silence (and run time) that agent measured on its own clock and counts
+    the time since that report as output; timers with no such anchor (an exit
+    hang's, a failure window's) start again at ``now``. A takeover may so delay
+    a timer's decision, by about one report interval (a timer without an anchor:
+    by its own interval), and can never bring one forward."""
+    for inst in state.instances.values():
+        if inst.status is InstanceStatus.PENDING:
+            continue  # not started yet: its times are the next InstanceStarted's
+        shift = now - inst.reported_at
+        inst.last_output = min(now, inst.last_output + shift)
+        inst.started_at = min(now, inst.started_at + shift)
+        inst.reported_at = now
+    if state.first_success_exit is not None:
+        state.first_success_exit = now
+    pending = state.pending_failures
+    if pending is not None:
+        pending.deadline = now + max(0.0, pending.deadline - pending.opened_at)
+        pending.opened_at = now
     return state
 
 

@@ -28,7 +28,7 @@ PLATFORM_SIGNAL = "platform_signal"
 def on_success(state: JobState, inst: InstanceState, event: InstanceExited, now: float) -> list[Decision]:
     inst.status = InstanceStatus.SUCCEEDED
     if state.first_success_exit is None:
-        state.first_success_exit = event.time
+        state.first_success_exit = now  # the exit hang's timer: on the deciding clock, not the agent's
     finishing = [i for i in state.instances.values() if i.role not in NON_FINISHING_ROLES]
     if not finishing:
         finishing = list(state.instances.values())

@@ -3,6 +3,10 @@
 Mutable for speed (a 10,000-instance job receives millions of log lines), but
 owned by the caller and changed only by ``engine.step``; nothing in it reads
 a clock or touches I/O. ``copy.deepcopy`` gives a snapshot for replay.
+
+Every time a timer compares with ``now`` (started_at, last_output,
+reported_at, first_success_exit, a failure window) is on the deciding
+process's clock: the ``now`` at which it learned of the evidence.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class InstanceState:
     start: int = 0  # the start index whose events are current
     node: str = ""
     pid: int = 0
+    # When its start, and its latest output, became known (the deciding clock).
     started_at: float = 0.0
     last_output: float = 0.0
     # SDK override of the hang interval: None = the job's, -1 = off.
@@ -54,7 +59,7 @@ class InstanceState:
     restarts: int = 0  # instance-level restarts so far
     error_counts: dict = dataclasses.field(default_factory=dict)
     ever_failed: bool = False
-    # When a node agent last reported on this incarnation (jobs with activity reports).
+    # When a node agent's latest report on this incarnation arrived (jobs with activity reports).
     reported_at: float = 0.0
     # Whether this incarnation has printed a line (or called the SDK) yet:
     # before that, silence is judged against the start-up allowance.
@@ -128,7 +133,7 @@ class JobState:
     sdk_seq: int = 0
     stale_events: int = 0
     final_reason: str = ""
-    # Agents report each instance's last output every second; silence is not
+    # Agents report each instance's silence every second; silence is not
     # judged on reports older than REPORT_STALE_S (missing data is not silence).
     activity_reports: bool = False
     silence_checks_skipped: int = 0

@@ -1,7 +1,11 @@
 """Detectors driven by the passage of time: hang (silence) and exit hang.
 
 Both are evaluated on every event with the ``now`` the caller passes in, so
-a tick every second bounds detection latency to one second.
+a tick every second bounds detection latency to one second. Every time they
+compare with ``now`` was taken on the same clock (engine/core.py): silence is
+when output became known to the deciding process, never an agent's clock
+held against the processor's, so a skew between hosts neither hides a hang
+nor makes one.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from trainwarden.engine.state import InstanceStatus, JobState
 from trainwarden.events import Decision
 from trainwarden.rules.model import Detector, DetectorKind
 
-# A node agent reports every second; three missed reports and its instances'
-# silence is unknown rather than proven.
+# A node agent reports every second; with no report for this long (reports
+# arrived, on the deciding clock) its instances' silence is unknown rather than proven.
 REPORT_STALE_S = 3.0
 
 

@@ -1,5 +1,11 @@
 """The actuator's view of the cluster: nodes, their states, and where each
-job's instances are placed. No I/O: heartbeats and times come in as data."""
+job's instances are placed. No I/O: heartbeats and times come in as data.
+
+A node's liveness is judged on the actuator's clock alone: a heartbeat counts
+as heard when it arrived (``heartbeat(beat, arrived_at)``, or else at the next
+time the view is given, by ``expire`` or ``place``), never at the agent's
+``time``, which is another host's clock: a skew would make a node look lost
+(agent behind) or immortal (agent ahead)."""
 
 from __future__ import annotations
 
@@ -22,7 +28,8 @@ class Node:
     name: str
     slots: int = 0
     address: str = "127.0.0.1"
-    last_seen: float = 0.0
+    last_seen: float = 0.0  # when its latest heartbeat arrived, on the actuator's clock
+    unstamped: bool = False  # a heartbeat arrived that has no time of arrival yet
     status: NodeStatus = NodeStatus.READY
     isolated: bool = False  # remembered across loss: an isolated node comes back isolated
     reason: str = ""
@@ -40,11 +47,16 @@ class Cluster:
         # job -> instance -> node
         self.placement: dict[str, dict[str, str]] = {}
 
-    def heartbeat(self, beat: Heartbeat) -> Optional[NodeStatus]:
-        """Record a heartbeat; returns the node's new status if it changed."""
+    def heartbeat(self, beat: Heartbeat, arrived_at: Optional[float] = None) -> Optional[NodeStatus]:
+        """Record a heartbeat that arrived at ``arrived_at`` (the actuator's
+        clock; None: at the next ``expire`` or ``place``); returns the node's
+        new status if it changed."""
         node = self.nodes.setdefault(beat.node, Node(beat.node))
         node.slots, node.address, node.running = beat.slots, beat.address, beat.running
-        node.last_seen = max(node.last_seen, beat.time)
+        if arrived_at is None:
+            node.unstamped = True
+        else:
+            node.last_seen = max(node.last_seen, arrived_at)
         if beat.leaving:
             return self._set(node, NodeStatus.LOST, "the agent left")
         if node.status is NodeStatus.LOST:
@@ -61,12 +73,18 @@ class Cluster:
 
     def expire(self, now: float) -> list[str]:
         """Nodes that just became lost."""
+        self._stamp(now)
         lost = []
         for node in self.nodes.values():
             if node.status is not NodeStatus.LOST and now - node.last_seen > self.node_timeout_s:
                 self._set(node, NodeStatus.LOST, f"no heartbeat for {now - node.last_seen:.0f} s")
                 lost.append(node.name)
         return lost
+
+    def _stamp(self, now: float) -> None:
+        for node in self.nodes.values():
+            if node.unstamped:
+                node.last_seen, node.unstamped = max(node.last_seen, now), False
 
     def _set(self, node: Node, status: NodeStatus, reason: str) -> Optional[NodeStatus]:
         if node.status is status:
@@ -83,6 +101,7 @@ class Cluster:
         """A ready node, heard from within the timeout, with a free slot: the
         preferred one if possible, else the least used. A node known only from
         the state topic (no heartbeat yet) is never a candidate."""
+        self._stamp(now)
         placed = self.placement.setdefault(job_id, {})
         placed.pop(instance, None)
         candidates = [n for n in self.nodes.values()

@@ -447,7 +447,7 @@ class ActuatorService:
             if beat.address == self.probe_id:
                 self._probe_seen = max(self._probe_seen, beat.time)
             return
-        changed = self.cluster.heartbeat(beat)
+        changed = self.cluster.heartbeat(beat, arrived_at=self.clock())
         if changed is not None:
             self._node_state(beat.node, changed.value, self.cluster.nodes[beat.node].reason)
         if changed is NodeStatus.LOST:

@@ -52,9 +52,6 @@ TAIL_LINES = 500
 BATCH_S = 0.2
 BATCH_LINES = 500
 REPORT_S = 1.0
-# A start command older than this is from before a restart of this agent: the
-# actuator has long since placed that incarnation elsewhere.
-COMMAND_TTL_S = 60.0
 # SIGTERM to SIGKILL of the instances when the agent itself stops, whatever
 # the job's stop_grace_s: the whole agent must be gone within 5 s of its own
 # SIGTERM, closing its consumers and producer included.
@@ -140,6 +137,7 @@ class Agent:
         self.consumer = bus.consumer([COMMANDS], f"{PREFIX}-agent-{node}", from_beginning=False)
         self._next_batch = self._next_report = 0.0
         self._ready = False
+        self._joined: Optional[dict[tuple[str, int], int]] = None  # commands partition -> end offset when ready
         # The trusted diagnostic channel: the socket C4D's collector writes to
         # (the instances' processes refused), or C4D's log file.
         if c4d_socket:
@@ -195,8 +193,11 @@ class Agent:
 
     def ready(self) -> bool:
         """Commands sent from now on reach this agent."""
-        if not self._ready:
-            self._ready = self.consumer.ready()
+        if not self._ready and self.consumer.ready():
+            # Where the commands topic ended when this run of the agent could
+            # first be heard of (its first heartbeat follows): see _command.
+            self._joined = {tp: self.consumer.end_offset(*tp) for tp in self.consumer.assignment()}
+            self._ready = True
         return self._ready
 
     def close(self, grace_s: float = STOP_GRACE_S) -> None:
@@ -244,8 +245,12 @@ class Agent:
                 self.slurm.expect(command.job_id, command.incarnations)
             return
         if isinstance(command, StartInstance):
-            age = self.clock() - record.timestamp_ms / 1000 if record.timestamp_ms else 0.0
-            if age > COMMAND_TTL_S:
+            # A start already in the topic before this run of the agent joined
+            # was meant for its previous run, placed on heartbeats of that run:
+            # by now the actuator may have placed the incarnation elsewhere.
+            # Judged by offsets, not by comparing the actuator's clock with ours.
+            joined = self._joined
+            if joined is None or record.offset < joined.get((record.topic, record.partition), 0):
                 self.counters.ignored_commands += 1
                 return
             self._start(command)
@@ -571,7 +576,10 @@ class Agent:
         for job_id, items in by_job.items():
             self.producer.send(EVENTS, job_id, encode(InstanceActivity(
                 job_id=job_id, time=now, node=self.node,
-                instances=tuple(Activity(r.instance, r.round, r.start, r.last_output) for r in items))))
+                # Silence as a duration of this clock: the processor dates it by its own.
+                instances=tuple(Activity(r.instance, r.round, r.start, r.last_output,
+                                         silent_s=round(max(0.0, now - r.last_output), 3), spoke=bool(r.tail))
+                                for r in items))))
         self.producer.send(NODES, self.node, encode(Heartbeat(
             node=self.node, time=now, slots=self.slots, address=self.address,
             running=tuple(RunningInstance(r.job_id, r.instance, r.round, r.start, r.pid)

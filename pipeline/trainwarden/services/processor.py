@@ -22,7 +22,7 @@ from typing import Callable, Optional
 from trainwarden.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, PREFIX, Bus, Message
 from trainwarden.bus.messages import DecisionRecord, LogBatch, Recorded, WireLogLine
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
-from trainwarden.engine import JobState, replay_decision, start_job
+from trainwarden.engine import JobState, rebase_times, replay_decision, start_job
 from trainwarden.engine.state import InstanceStatus
 from trainwarden.events import Decision, JobSubmitted, LogLine, Tick
 from trainwarden.store.records import DeadLetter
@@ -84,8 +84,13 @@ class Processor:
     def run_once(self, timeout_s: Optional[float] = None) -> None:
         wait = self.tick_s if timeout_s is None else timeout_s
         records = self.consumer.poll(max(0.0, min(wait, self._next_tick - self.clock())), max_records=2000)
-        self._take_assignments()
+        sought = self._take_assignments()
         for record in records:
+            if record.topic == EVENTS and record.partition in sought:
+                # Fetched from the committed offset before the seek to the
+                # beginning: the replay reads it again, in its place. Taken
+                # here, it would end the replay before the records before it.
+                continue
             self._route(record)
         self._finish_replays()
         if self.clock() >= self._next_tick:
@@ -103,9 +108,10 @@ class Processor:
 
     # ---------------------------------------------------------- partitions
 
-    def _take_assignments(self) -> None:
+    def _take_assignments(self) -> set[int]:
+        """The events partitions just assigned, now read again from their beginning."""
         if not self._assigned:
-            return
+            return set()
         assigned, self._assigned[:] = list(self._assigned), []
         partitions = [p for topic, p in assigned if topic == EVENTS]
         for partition in partitions:
@@ -116,6 +122,7 @@ class Processor:
             if end > 0:
                 self.replays[partition] = _Replay(end=end)
         self.consumer.seek_to_beginning([(EVENTS, p) for p in partitions])
+        return set(partitions)
 
     def _route(self, record: Message) -> None:
         if record.topic == EVENTS:
@@ -149,6 +156,8 @@ class Processor:
         if message is None or isinstance(message, DecisionRecord):
             return []  # our own records matter only to a replay
         self.counters.events += 1
+        # Live: when it arrived, on this clock. A replay: the sender's time, so
+        # that its decisions are derived as they first were (then rebase_times).
         now = self.clock() if live else message.time
         if isinstance(message, JobSubmitted):
             if message.job_id in self.jobs:
@@ -199,11 +208,14 @@ class Processor:
         if not _from_its_node(state, message):
             self.counters.lines_from_other_nodes += len(lines)
             return
-        for when, stream, text in lines:
+        # Dated by their arrival here, not by the agent's (or Vector's) clock:
+        # silence is judged on this process's clock alone (engine/core.py).
+        arrived = self.clock()
+        for _, stream, text in lines:
             self.counters.log_lines += 1
-            event = LogLine(job_id=message.job_id, time=when, instance=message.instance, round=message.round,
+            event = LogLine(job_id=message.job_id, time=arrived, instance=message.instance, round=message.round,
                             start=message.start, text=text, stream=stream)
-            taken = self._take(state, event, self.clock(), message.node, True)
+            taken = self._take(state, event, arrived, message.node, True)
             state = taken.state
             self._publish(taken.decisions, record.partition)
 
@@ -252,6 +264,12 @@ class Processor:
         lost = [d for action, d in derived.items() if action not in recorded]
         self.counters.republished += len(lost)
         self._publish(lost, partition)
+        # The replay ran each event at its sender's time (its decisions come
+        # out as they first did); the timers now run on this clock.
+        now = self.clock()
+        for job_id, state in self.jobs.items():
+            if self.partition_of.get(job_id) == partition:
+                rebase_times(state, now)
 
     # ------------------------------------------------------------ output
 

@@ -1,0 +1,144 @@
+"""The processor on the in-process bus and a pinned clock, fed by an agent
+whose clock is off by an hour or by 4 s: silence is judged by when lines and
+reports arrive at the processor, live and after a takeover's replay."""
+
+import msgspec
+import pytest
+
+from trainwarden.bus import EVENTS, LOGS, topic_specs
+from trainwarden.bus.memory import MemoryBus
+from trainwarden.bus.messages import Line, LogBatch
+from trainwarden.bus.serde import encode
+from trainwarden.engine.virtual import instance_specs
+from trainwarden.events import InstanceStarted, JobSubmitted, Reason, Stream
+from trainwarden.rules.loader import load_rules
+from trainwarden.services.processor import TICK_S, Processor
+
+T0 = 1_800_000_000.0
+HANG = "--enable-job-restart=True --enable-job-hang-detection=True --job-hang-interval=5"
+NAMES = ("worker-0", "worker-1")
+SKEWS = [-3600.0, -4.0, 4.0, 3600.0]
+
+
+class Clock:
+    def __init__(self):
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SkewedAgent:
+    """What a node agent whose clock reads ``skew_s`` off sends about job j1."""
+
+    def __init__(self, bus: MemoryBus, clock: Clock, skew_s: float):
+        self.producer = bus.producer()
+        self.clock = clock
+        self.skew_s = skew_s
+        self.last_line = {name: self.time for name in NAMES}
+
+    @property
+    def time(self) -> float:
+        return self.clock.now + self.skew_s
+
+    def submit_and_start(self) -> None:
+        self.producer.send(EVENTS, "j1", encode(JobSubmitted(
+            job_id="j1", time=self.time, framework="pytorch", args=HANG, instances=instance_specs([("worker", 2)]),
+            activity_reports=True)))
+        for name in NAMES:
+            self.producer.send(EVENTS, "j1", encode(InstanceStarted(job_id="j1", time=self.time, instance=name,
+                                                                    round=0, start=0, node="n1")))
+
+    def print_lines(self) -> None:
+        for name in NAMES:
+            self.producer.send(LOGS, "j1", encode(LogBatch(job_id="j1", node="n1", instance=name, round=0, start=0,
+                                                           lines=(Line(self.time, Stream.STDOUT, "step"),))))
+            self.last_line[name] = self.time
+
+    def report(self) -> None:
+        # As the wire carries it (docs/MESSAGES.md): the silence as a duration,
+        # and, for readers older than silent_s, the last output on the agent's clock.
+        self.producer.send(EVENTS, "j1", b'{"v":1,' + msgspec.json.encode({
+            "type": "instance_activity", "job_id": "j1", "time": self.time, "node": "n1",
+            "instances": [{"instance": name, "round": 0, "start": 0, "last_output": self.last_line[name],
+                           "silent_s": self.time - self.last_line[name], "spoke": True} for name in NAMES]})[1:])
+
+
+def _processor(bus, clock, decided) -> Processor:
+    return Processor(bus, load_rules(), clock=clock, on_decision=decided.append)
+
+
+def _drive(processor, agent, clock, until_s, print_every_s=None, decided=None) -> float | None:
+    """Tick by tick until ``until_s`` (seconds after T0): the agent prints every
+    ``print_every_s`` (None: never) and reports every second. When a hang was decided."""
+    last_print = clock.now - T0
+    while clock.now - T0 < until_s:
+        clock.now = round(clock.now + TICK_S, 6)
+        elapsed = clock.now - T0
+        if print_every_s is not None and elapsed - last_print >= print_every_s - 1e-6:
+            agent.print_lines()
+            last_print = elapsed
+        if abs(elapsed - round(elapsed)) < 1e-6:
+            agent.report()
+        processor.run_once(timeout_s=0.0)
+        if any(d.reason is Reason.JOB_HANG for d in decided):
+            return elapsed
+    return None
+
+
+@pytest.mark.parametrize("skew_s", SKEWS)
+def test_a_hang_on_an_agent_whose_clock_is_off_is_decided_an_interval_after_the_last_line_arrived(skew_s):
+    bus, clock, decided = MemoryBus(), Clock(), []
+    bus.create_topics(topic_specs(2))
+    agent = SkewedAgent(bus, clock, skew_s)
+    agent.submit_and_start()
+    processor = _processor(bus, clock, decided)
+    _drive(processor, agent, clock, 10, print_every_s=1.0, decided=decided)  # the last lines at 10 s
+    fired = _drive(processor, agent, clock, 60, decided=decided)
+    assert fired is not None and 10 + 5 <= fired <= 10 + 5 + TICK_S, (fired, decided)
+
+
+@pytest.mark.parametrize("skew_s", SKEWS)
+def test_a_healthy_job_on_an_agent_whose_clock_is_off_is_not_declared_hung(skew_s):
+    bus, clock, decided = MemoryBus(), Clock(), []
+    bus.create_topics(topic_specs(2))
+    agent = SkewedAgent(bus, clock, skew_s)
+    agent.submit_and_start()
+    processor = _processor(bus, clock, decided)
+    assert _drive(processor, agent, clock, 60, print_every_s=2.0, decided=decided) is None
+    assert processor.jobs["j1"].silence_checks_skipped == 0
+
+
+@pytest.mark.parametrize("skew_s", SKEWS)
+def test_a_processor_taking_over_neither_fires_a_hang_early_nor_holds_it_back_past_a_report(skew_s):
+    bus, clock, decided = MemoryBus(), Clock(), []
+    bus.create_topics(topic_specs(2))
+    agent = SkewedAgent(bus, clock, skew_s)
+    agent.submit_and_start()
+    first = _processor(bus, clock, decided)
+    _drive(first, agent, clock, 10, print_every_s=1.0, decided=decided)  # the last lines at 10 s
+    _drive(first, agent, clock, 12, decided=decided)
+    first.close()  # dies at 12 s; the agent goes on reporting
+    for _ in range(5):
+        clock.now = round(clock.now + TICK_S, 6)
+        if abs(clock.now - T0 - round(clock.now - T0)) < 1e-6:
+            agent.report()
+    second = _processor(bus, clock, decided)  # takes the partitions over at 13 s and replays them
+    fired = _drive(second, agent, clock, 60, decided=decided)
+    assert second.counters.replayed > 0
+    # The silence since 10 s, as the agent reported it at 13 s: an interval after 10 s, late by
+    # at most the time since that report when the replay ended.
+    assert fired is not None and 15 <= fired <= 15 + 1 + TICK_S, (fired, decided)
+
+
+@pytest.mark.parametrize("skew_s", SKEWS)
+def test_a_healthy_job_is_not_declared_hung_by_a_processor_taking_over(skew_s):
+    bus, clock, decided = MemoryBus(), Clock(), []
+    bus.create_topics(topic_specs(2))
+    agent = SkewedAgent(bus, clock, skew_s)
+    agent.submit_and_start()
+    first = _processor(bus, clock, decided)
+    _drive(first, agent, clock, 10, print_every_s=2.0, decided=decided)
+    first.close()
+    second = _processor(bus, clock, decided)
+    assert _drive(second, agent, clock, 60, print_every_s=2.0, decided=decided) is None
