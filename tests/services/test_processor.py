@@ -149,12 +149,17 @@ def _batch(node: str, when: float, text: str, instance: str = "worker-0") -> byt
 def test_a_line_counts_only_from_the_node_that_runs_its_incarnation():
     bus = _bus()
     producer = _job(bus)
-    processor = Processor(bus, load_rules())
+    clock = _Clock(T0)
+    processor = Processor(bus, load_rules(), clock=clock)
     _drain(processor)
+    clock.now = T0 + 1
     producer.send(LOGS, "j1", _batch("elsewhere", T0 + 1, "RuntimeError: NCCL error: unhandled system error"))
+    _drain(processor)
+    clock.now = T0 + 2
     producer.send(LOGS, "j1", _batch("n", T0 + 2, "step 1"))
     _drain(processor)
     worker = processor.jobs["j1"].instances["worker-0"]
+    # Dated by its arrival at the processor (its own clock), as every line is.
     assert list(worker.tail) == ["step 1"] and worker.last_output == T0 + 2
     assert (processor.counters.lines_from_other_nodes, processor.counters.log_lines) == (1, 1)
 
