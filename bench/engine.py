@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pipeline"))
 
 from trainwarden.engine import start_job, step  # noqa: E402
-from trainwarden.engine.virtual import instance_specs  # noqa: E402
 from trainwarden.events import InstanceExited, InstanceStarted, JobSubmitted, LogLine, Tick  # noqa: E402
 from trainwarden.rules.loader import load_rules  # noqa: E402
+from trainwarden.simulation.cluster import instance_specs  # noqa: E402
 
 ARGS = ("--job-execution-mode=Sync --enable-job-restart=True --enable-job-hang-detection=True "
         "--job-hang-interval=1800 --enable-job-exit-hang-detection=True")

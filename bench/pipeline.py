@@ -41,6 +41,7 @@ from trainwarden.bus import COMMANDS, EVENTS, LOGS, NODES, BusError  # noqa: E40
 from trainwarden.bus.kafka import MAX_REQUEST_BYTES, KafkaBus  # noqa: E402
 from trainwarden.bus.messages import Heartbeat, Line, LogBatch, StartInstance  # noqa: E402
 from trainwarden.bus.serde import DecodeError, decode, encode  # noqa: E402
+from trainwarden.clock import now as clock_now  # noqa: E402
 from trainwarden.events import (  # noqa: E402
     Decision,
     DecisionKind,
@@ -53,7 +54,6 @@ from trainwarden.events import (  # noqa: E402
     Stream,
 )
 from trainwarden.rules.loader import load_rules  # noqa: E402
-from trainwarden.runtime.clock import now as clock_now  # noqa: E402
 from trainwarden.services.actuator_service import GROUP as ACTUATOR_GROUP  # noqa: E402
 from trainwarden.services.actuator_service import ActuatorService  # noqa: E402
 from trainwarden.services.processor import GROUP as PROCESSOR_GROUP  # noqa: E402

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pipeline"))
 from trainwarden.events import SpotBid  # noqa: E402
 from trainwarden.jobspec import from_command  # noqa: E402
 from trainwarden.rules.loader import load_rules  # noqa: E402
+from trainwarden.simulation.spot_job import simulate  # noqa: E402
 from trainwarden.spot.market import TraceMarket  # noqa: E402
-from trainwarden.spot.simulate import simulate  # noqa: E402
 from trainwarden.spot.synthetic import write_trace  # noqa: E402
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from trainwarden.engine import start_job, step
-from trainwarden.engine.virtual import instance_specs
 from trainwarden.events import (
     Activity,
     Decision,
@@ -18,6 +17,7 @@ from trainwarden.events import (
     Tick,
 )
 from trainwarden.rules.loader import load_rules
+from trainwarden.simulation.cluster import instance_specs
 
 PACK = load_rules()
 T0 = 1_700_000_000.0

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from trainwarden.rules.loader import load_rules, shipped_rules_dir
-from trainwarden.rules.testing import parse_test_file, run_files
+from trainwarden.simulation.rule_tests import parse_test_file, run_files
 
 TESTS = sorted((shipped_rules_dir() / "tests").glob("*.yaml"))
 

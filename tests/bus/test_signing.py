@@ -21,10 +21,10 @@ from trainwarden.bus.signing import (
     loopback_only,
     parse_keyring,
 )
-from trainwarden.engine.virtual import instance_specs
 from trainwarden.events import JobSubmitted
 from trainwarden.rules.loader import load_rules
 from trainwarden.services.processor import Processor
+from trainwarden.simulation.cluster import instance_specs
 from trainwarden.yamlsrc import ConfigError
 
 T0 = 1_800_000_000.0

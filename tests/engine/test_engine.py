@@ -3,6 +3,7 @@
 import ast
 import copy
 import pathlib
+import re
 
 from trainwarden.events import DecisionKind, ErrorSource, InstanceStarted, Reason, SdkOp
 from tests.builders import Job
@@ -73,13 +74,70 @@ def test_step_does_not_change_a_snapshot_taken_before_it():
     assert snapshot.round == 0 and job.state.round == 1
 
 
-def test_the_core_modules_import_no_io_and_read_no_clock():
-    root = pathlib.Path(__file__).resolve().parents[2] / "pipeline" / "trainwarden"
-    core = [*root.joinpath("engine").glob("*.py"), *root.joinpath("rules").glob("*.py"),
-            *root.joinpath("evidence").glob("*.py"), root / "classify.py", root / "attribution.py",
-            root / "settings.py", root / "events.py", root / "limits.py", root / "supervision" / "intake.py",
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "pipeline" / "trainwarden"
+# The core's edge: the rule files are read here, and what they say is parsed by pure code.
+RULE_FILE_LOADER = PACKAGE / "rules" / "loader.py"
+# Reading or writing files: the builtin and a path's or a module's own calls, and the
+# project's readers (a module that calls them reads through them).
+FILE_MODULES = {"io", "os", "shutil", "tempfile", "glob", "fileinput", "mmap",
+                "trainwarden.rules.loader", "trainwarden.jobspec", "trainwarden.spot.market"}
+FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "iterdir", "glob", "rglob", "stat",
+              "exists", "is_file", "is_dir", "load_yaml_file", "load_rules", "load_job_file"}
+
+
+def core_modules() -> list[pathlib.Path]:
+    return [*PACKAGE.joinpath("engine").glob("*.py"), *PACKAGE.joinpath("rules").glob("*.py"),
+            *PACKAGE.joinpath("evidence").glob("*.py"), PACKAGE / "classify.py", PACKAGE / "attribution.py",
+            PACKAGE / "settings.py", PACKAGE / "events.py", PACKAGE / "limits.py",
+            PACKAGE / "supervision" / "intake.py",
+            # the cluster on a virtual clock that rule tests and simulations drive
+            PACKAGE / "simulation" / "cluster.py",
             # the pure parsers: hang-interval advice, C4D lines, stack dumps and their grouping
-            *(root / "diagnose" / name for name in ("advice.py", "c4d.py", "stacks.py", "report.py"))]
+            *(PACKAGE / "diagnose" / name for name in ("advice.py", "c4d.py", "stacks.py", "report.py"))]
+
+
+def documented_pure_modules() -> set[pathlib.Path]:
+    """The modules that docs/DESIGN.md's module table calls pure."""
+    modules = set()
+    for row in (ROOT / "docs" / "DESIGN.md").read_text().splitlines():
+        cells = [cell.strip() for cell in row.split("|")]
+        if row.startswith("| `") and cells[-2].startswith("pure"):
+            modules.update(PACKAGE / name for name in re.findall(r"`([\w/]+\.py)`", cells[1]))
+    return modules
+
+
+def _file_module(name: str) -> bool:
+    return any(name == module or name.startswith(module + ".") for module in FILE_MODULES)
+
+
+def file_access(path: pathlib.Path) -> list[str]:
+    """Where a module reads or writes a file itself, or through a reader of the project."""
+    tree = ast.parse(path.read_text())
+    # An import for annotations alone never runs.
+    typing_only = {id(inner) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                   for statement in node.body for inner in ast.walk(statement)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names if _file_module(alias.name)]
+        elif isinstance(node, ast.ImportFrom):
+            names = [*([node.module] if _file_module(node.module or "") else []),
+                     *(alias.name for alias in node.names if alias.name in FILE_CALLS)]
+        elif isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
+            called = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+            names = [f"{called}()"] if called in FILE_CALLS else []
+        else:
+            continue
+        found += [f"{path.relative_to(PACKAGE)}:{node.lineno}: {name}" for name in names]
+    return found
+
+
+def test_the_core_modules_import_no_io_and_read_no_clock():
+    core = core_modules()
     assert len(core) > 25
     forbidden = {"time", "datetime", "socket", "subprocess", "threading", "os", "selectors", "asyncio",
                  "trainwarden.runtime", "trainwarden.services", "trainwarden.cli", "trainwarden.bus",
@@ -98,6 +156,16 @@ def test_the_core_modules_import_no_io_and_read_no_clock():
                 continue
             for name in names:
                 assert not any(name == f or name.startswith(f + ".") for f in forbidden), f"{path.name}: {name}"
+
+
+def test_the_pure_modules_read_no_file_and_loading_rule_files_stays_at_the_edge():
+    documented = documented_pure_modules()
+    assert all(path.is_file() for path in documented), sorted(str(p) for p in documented if not p.is_file())
+    pure = (set(core_modules()) - {RULE_FILE_LOADER}) | documented
+    assert len(pure) > 40
+    assert [where for path in sorted(pure) for where in file_access(path)] == []
+    # The check sees reading where there is some: the loader reads the rule files.
+    assert file_access(RULE_FILE_LOADER)
 
 
 def test_the_same_kill_at_different_points_counts_toward_the_same_error_limit():

@@ -8,8 +8,8 @@ import pytest
 from tests.builders import PACK, T0, Job
 from trainwarden.engine import next_deadline, rebase_times, start_job, step
 from trainwarden.engine.timers import REPORT_STALE_S
-from trainwarden.engine.virtual import instance_specs
 from trainwarden.events import Activity, DecisionKind, InstanceActivity, InstanceStarted, JobSubmitted, Reason
+from trainwarden.simulation.cluster import instance_specs
 
 HANG = "--enable-job-restart=True --enable-job-hang-detection=True --job-hang-interval=5"
 EXIT_HANG = "--enable-job-exit-hang-detection=True --job-exit-hang-interval=30"

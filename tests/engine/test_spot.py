@@ -6,7 +6,6 @@ import pytest
 
 from trainwarden.engine import start_job, step
 from trainwarden.engine.state import InstanceStatus, SpotPhase
-from trainwarden.engine.virtual import instance_specs
 from trainwarden.events import (
     DecisionKind,
     Diagnosis,
@@ -21,6 +20,7 @@ from trainwarden.events import (
     SpotBid,
     Tick,
 )
+from trainwarden.simulation.cluster import instance_specs
 from tests.builders import PACK, T0
 
 TYPE = "ecs.g7.xlarge"

@@ -6,10 +6,10 @@ from trainwarden.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, topic_specs
 from trainwarden.bus.memory import MemoryBus
 from trainwarden.bus.messages import Line, LogBatch
 from trainwarden.bus.serde import decode, encode
-from trainwarden.engine.virtual import instance_specs
 from trainwarden.events import DecisionKind, InstanceExited, InstanceStarted, JobSubmitted, Stream
 from trainwarden.rules.loader import load_rules
 from trainwarden.services.processor import Processor
+from trainwarden.simulation.cluster import instance_specs
 
 T0 = 1_800_000_000.0
 

@@ -9,10 +9,10 @@ from trainwarden.bus import EVENTS, LOGS, topic_specs
 from trainwarden.bus.memory import MemoryBus
 from trainwarden.bus.messages import Line, LogBatch
 from trainwarden.bus.serde import encode
-from trainwarden.engine.virtual import instance_specs
 from trainwarden.events import InstanceStarted, JobSubmitted, Reason, Stream
 from trainwarden.rules.loader import load_rules
 from trainwarden.services.processor import TICK_S, Processor
+from trainwarden.simulation.cluster import instance_specs
 
 T0 = 1_800_000_000.0
 HANG = "--enable-job-restart=True --enable-job-hang-detection=True --job-hang-interval=5"

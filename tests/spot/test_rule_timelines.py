@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainwarden.rules.testing import parse_test_file, run_files
+from trainwarden.simulation.rule_tests import parse_test_file, run_files
 from trainwarden.yamlsrc import ConfigError
 from tests.conftest import ROOT
 

@@ -8,8 +8,8 @@ import pytest
 
 from trainwarden.jobspec import load_job_file
 from trainwarden.rules.loader import load_rules
+from trainwarden.simulation.spot_job import Failure, load_failures, simulate
 from trainwarden.spot.market import TraceMarket
-from trainwarden.spot.simulate import Failure, load_failures, simulate
 from trainwarden.spot.spec import check_bids
 from trainwarden.spot.synthetic import write_trace
 from trainwarden.yamlsrc import ConfigError

@@ -373,7 +373,7 @@ class SigningCounters:
 class SigningBus:
     def __init__(self, inner, config: SigningConfig, service: str = "trainwarden",
                  clock: Callable[[], float] = time.time):
-        # The host's wall clock, not runtime/clock.py's step-free one: a
+        # The host's wall clock, not clock.py's step-free one: a
         # signature's time is held against the broker's clock, which NTP keeps
         # near the hosts' wall clocks; a service started before a step would
         # otherwise sign by a clock that is off by the step for as long as it runs.

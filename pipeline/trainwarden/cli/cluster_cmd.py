@@ -24,10 +24,10 @@ from trainwarden.cli.notify_cmd import add_notify_options, notify_options
 from trainwarden.cli.output import (ConsoleReporter, add_log_file_options, add_output_options, err_console, examples,
                                     fail, iso, listing)
 from trainwarden.cli.stores import store_target
+from trainwarden.clock import now as clock_now
 from trainwarden.events import DecisionKind
 from trainwarden.jobspec import from_command, load_job_file, parse_preload
 from trainwarden.rules.loader import load_rules
-from trainwarden.runtime.clock import now as clock_now
 from trainwarden.services.logs import FORMATS as LOG_FORMATS
 from trainwarden.services.observability import (
     ObservedDeliveries,

@@ -22,8 +22,8 @@ import json
 import sys
 from typing import IO, Optional
 
+from trainwarden.clock import now as clock_now
 from trainwarden.events import Decision, InstanceExited, InstanceStarted, LogLine
-from trainwarden.runtime.clock import now as clock_now
 from trainwarden.services.follow import decision_event, line_event
 
 

@@ -10,7 +10,7 @@ from rich.markup import escape
 from trainwarden.cli.output import err_console, listing, out_console, output_format, print_json
 from trainwarden.cli.tables import Col
 from trainwarden.rules.loader import load_rule_files, rule_files, shipped_rules_dir
-from trainwarden.rules.testing import run_files
+from trainwarden.simulation.rule_tests import run_files
 from trainwarden.yamlsrc import ConfigError
 
 

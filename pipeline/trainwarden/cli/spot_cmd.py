@@ -9,8 +9,8 @@ from trainwarden.cli.output import add_output_options, examples, fail, listing, 
 from trainwarden.cli.tables import Col
 from trainwarden.jobspec import load_job_file
 from trainwarden.rules.loader import load_rules
+from trainwarden.simulation.spot_job import load_failures, simulate
 from trainwarden.spot.market import TraceMarket, open_market
-from trainwarden.spot.simulate import load_failures, simulate
 from trainwarden.spot.spec import DISCOUNT_KEY, check_bids, valid_discount
 
 COMMANDS = frozenset({"simulate"})

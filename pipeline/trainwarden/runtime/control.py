@@ -41,8 +41,8 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from trainwarden.clock import now
 from trainwarden.events import SdkMessage, SdkOp
-from trainwarden.runtime.clock import now
 from trainwarden.runtime.connections import BoundedUnixServer, RefusalLog, read_line
 from trainwarden.sdk import protocol
 

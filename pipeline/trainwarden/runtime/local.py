@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from trainwarden.clock import now
 from trainwarden.events import Event, InstanceExited, InstanceStarted, LogLine, Stream
-from trainwarden.runtime.clock import now
 from trainwarden.runtime.keeper import MARK_VARIABLE, KeeperLease, carries, environment_mark
 from trainwarden.runtime.run_as import RunAs
 from trainwarden.runtime.standby import python_invocation

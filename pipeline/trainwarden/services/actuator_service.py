@@ -49,10 +49,10 @@ from trainwarden.bus.messages import (
     StopInstances,
 )
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
+from trainwarden.clock import now as clock_now
 from trainwarden.engine import JobStatus
 from trainwarden.events import Decision, DecisionKind, InstanceSpec, JobSpec, NodeLost, Preempted
 from trainwarden.runtime.agents import AgentsRuntime, ClusterJob, UnplacedRuntime
-from trainwarden.runtime.clock import now as clock_now
 from trainwarden.runtime.nodes import Cluster, NodeStatus
 from trainwarden.runtime.slurm.cli import SlurmError
 from trainwarden.runtime.slurm.parse import NodeState as SlurmNodeState

@@ -33,12 +33,12 @@ from trainwarden.bus.messages import (
     StopInstances,
 )
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
+from trainwarden.clock import now as clock_now
 from trainwarden.diagnose.c4d import C4DFormatError, parse_line
 from trainwarden.diagnose.collect import configured, dump_instances
 from trainwarden.diagnose.stacks import dumps_to_json
 from trainwarden.events import Activity, Diagnosis, InstanceActivity, InstanceExited, InstanceStarted, LogLine
 from trainwarden.runtime.c4d_source import C4DSocket, FileFollower
-from trainwarden.runtime.clock import now as clock_now
 from trainwarden.runtime.control import ControlServer, Incarnation, PendingReply
 from trainwarden.runtime.environment import instance_env, sdk_import_dir
 from trainwarden.runtime.inbox import Inbox

@@ -19,6 +19,7 @@ from typing import Optional, Protocol
 
 import msgspec
 
+from trainwarden.clock import now as clock_now
 from trainwarden.diagnose.collect import DEFAULT_TIMEOUT_S, DEFAULT_TOOLS
 from trainwarden.engine import JobState, JobStatus, start_job
 from trainwarden.events import Decision, Event, InstanceExited, InstanceStarted, JobSubmitted, LogLine, SpotBid, Tick
@@ -26,7 +27,6 @@ from trainwarden.jobspec import JobDefinition
 from trainwarden.notify.bridge import DecisionNotifications, NotifyOptions, report_summary
 from trainwarden.rules.model import RulePack
 from trainwarden.runtime.c4d_source import C4DSocket, FileFollower
-from trainwarden.runtime.clock import now as clock_now
 from trainwarden.runtime.control import ControlServer, PendingReply
 from trainwarden.runtime.inbox import Inbox
 from trainwarden.runtime.keeper import KeeperLease

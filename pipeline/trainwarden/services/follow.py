@@ -10,9 +10,9 @@ from typing import Callable, Optional
 from trainwarden.bus import DECISIONS, EVENTS, LOGS, Bus
 from trainwarden.bus.messages import LogBatch, WireLogLine
 from trainwarden.bus.serde import DecodeError, decode, encode
+from trainwarden.clock import now as clock_now
 from trainwarden.events import Decision, DecisionKind, JobSubmitted, LogLine
 from trainwarden.jobspec import JobDefinition
-from trainwarden.runtime.clock import now as clock_now
 
 
 def job_submitted(job: JobDefinition) -> JobSubmitted:

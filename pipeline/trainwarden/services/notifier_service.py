@@ -21,9 +21,9 @@ from typing import Callable, Optional
 from trainwarden.bus import ACTUATOR_STATE, DEAD_LETTERS, DECISIONS, PREFIX, Bus, Message
 from trainwarden.bus.messages import StackReportReady
 from trainwarden.bus.serde import DecodeError, dead_letter, decode
+from trainwarden.clock import now as clock_now
 from trainwarden.events import Decision, DecisionKind, ErrorSource
 from trainwarden.notify.bridge import DecisionNotifications, report_summary
-from trainwarden.runtime.clock import now as clock_now
 from trainwarden.supervision.stack_reports import WAIT_S
 
 GROUP = f"{PREFIX}-notifier"

@@ -22,13 +22,13 @@ from typing import Callable, Optional
 from trainwarden.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, PREFIX, Bus, Message
 from trainwarden.bus.messages import DecisionRecord, LogBatch, Recorded, WireLogLine
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
+from trainwarden.clock import now as clock_now
 from trainwarden.engine import JobState, rebase_times, replay_decision, start_job
 from trainwarden.engine.state import InstanceStatus
 from trainwarden.events import Decision, JobSubmitted, LogLine, Tick
 from trainwarden.store.records import DeadLetter
 from trainwarden.supervision.intake import Taken, take
 from trainwarden.rules.model import RulePack
-from trainwarden.runtime.clock import now as clock_now
 
 GROUP = f"{PREFIX}-processor"
 TICK_S = 0.2

@@ -1,10 +1,10 @@
-"""runtime/clock.py on pinned wall and monotonic clocks: a wall-clock step is
+"""clock.py on pinned wall and monotonic clocks: a wall-clock step is
 logged once, with its size, and the time handed out never jumps."""
 
 import pytest
 
-from trainwarden.runtime import clock
-from trainwarden.runtime.clock import StepWatch
+from trainwarden import clock
+from trainwarden.clock import StepWatch
 
 WALL0 = 1_800_000_000.0
 

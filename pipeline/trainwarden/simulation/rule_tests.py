@@ -36,10 +36,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Optional
 
-from trainwarden.engine.virtual import VirtualCluster, instance_specs
 from trainwarden.events import DecisionKind, Offer, SdkOp, SpotBid
 from trainwarden.rules.loader import load_rules
 from trainwarden.rules.model import RulePack
+from trainwarden.simulation.cluster import VirtualCluster, instance_specs
 from trainwarden.spot.spec import valid_discount
 from trainwarden.yamlsrc import ConfigError, Fields, load_yaml_file
 

@@ -1,6 +1,6 @@
 """``trainwarden simulate``: a spot job against a market trace, on a virtual clock.
 
-The same pure engine decides (``engine/virtual.py`` plays the cluster):
+The same pure engine decides (``simulation/cluster.py`` plays the cluster):
 nothing runs and nothing sleeps. The job is modelled by the work it needs
 (seconds of running) and how often it checkpoints: a preemption or a
 restart loses the work since the last checkpoint. Failures can be injected
@@ -21,10 +21,10 @@ from typing import Optional
 
 from trainwarden.engine.spot import SPOT_STATES, accrue
 from trainwarden.engine.state import InstanceStatus
-from trainwarden.engine.virtual import VirtualCluster
 from trainwarden.events import DecisionKind, SpotBid
 from trainwarden.jobspec import JobDefinition
 from trainwarden.rules.model import RulePack
+from trainwarden.simulation.cluster import VirtualCluster
 from trainwarden.spot.market import TraceMarket
 from trainwarden.yamlsrc import Fields, LineList, load_yaml_file
 
