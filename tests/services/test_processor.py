@@ -40,8 +40,10 @@ def _decisions(bus, job_id="j1"):
 
 
 def _drain(processor, times=5):
+    """Iterations, each with a tick (the service loop's timing is tests/services/test_loop.py's)."""
     for _ in range(times):
         processor.run_once(timeout_s=0.01)
+        processor.tick()
 
 
 def test_log_lines_that_arrive_while_their_partition_replays_still_count():
@@ -149,10 +151,12 @@ def _batch(node: str, when: float, text: str, instance: str = "worker-0") -> byt
 def test_a_line_counts_only_from_the_node_that_runs_its_incarnation():
     bus = _bus()
     producer = _job(bus)
-    processor = Processor(bus, load_rules())
+    clock = _Clock(T0)
+    processor = Processor(bus, load_rules(), clock=clock)
     _drain(processor)
     producer.send(LOGS, "j1", _batch("elsewhere", T0 + 1, "RuntimeError: NCCL error: unhandled system error"))
     producer.send(LOGS, "j1", _batch("n", T0 + 2, "step 1"))
+    clock.now = T0 + 2  # lines are dated by their arrival, on the processor's clock
     _drain(processor)
     worker = processor.jobs["j1"].instances["worker-0"]
     assert list(worker.tail) == ["step 1"] and worker.last_output == T0 + 2
