@@ -1,5 +1,7 @@
 """The one service loop: an iteration that fails is reported and paused
-after, and the pause grows only while iterations keep failing."""
+after, and the pause grows only while iterations keep failing; a service
+with timers is ticked every TICK_S, after the item in hand, and never waits
+for input past its next tick."""
 
 from trainwarden.services import loop
 
