@@ -372,6 +372,7 @@ class EmbeddedRun:
             self._process(item)
 
     def tick(self) -> None:
+        """The timers, and the market polled (a spot job)."""
         if self.state.finished:
             return
         moment = clock_now()
