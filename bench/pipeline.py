@@ -56,6 +56,7 @@ from trainwarden.events import (  # noqa: E402
 from trainwarden.rules.loader import load_rules  # noqa: E402
 from trainwarden.services.actuator_service import GROUP as ACTUATOR_GROUP  # noqa: E402
 from trainwarden.services.actuator_service import ActuatorService  # noqa: E402
+from trainwarden.services.loop import ServiceLoop  # noqa: E402
 from trainwarden.services.processor import GROUP as PROCESSOR_GROUP  # noqa: E402
 from trainwarden.services.processor import Processor  # noqa: E402
 from trainwarden.store import open_writer  # noqa: E402
@@ -137,7 +138,7 @@ class Offsets:
 
 
 class Loop:
-    """A service's run_once() in a thread, as tests/cluster/harness.py runs them."""
+    """A service on the service loop in a thread, as tests/cluster/harness.py runs them."""
 
     def __init__(self, name: str, service):
         self.name = name
@@ -148,9 +149,10 @@ class Loop:
         self.thread.start()
 
     def _loop(self) -> None:
+        loop = ServiceLoop(self.service)
         while not self.stopped.is_set():
             try:
-                self.service.run_once()
+                loop.once()
             except BusError as exc:
                 self.errors.append(f"BusError: {exc}")
                 time.sleep(0.5)
@@ -287,13 +289,14 @@ def main() -> int:
     log(f"processor: group {group}, replaying {EVENTS}")
     pack = load_rules()
     processor = Processor(bus, pack, group=group, on_decision=on_decision)
+    turns = ServiceLoop(processor)  # its iterations and ticks, as `trainwarden processor` has them
     loops: list[Loop] = []
     actuator = agent = None
     tmp = tempfile.TemporaryDirectory(prefix="trainwarden-bench-")
     try:
         started = time.monotonic()
         while not (processor.consumer.assignment() and not processor.replays):
-            processor.run_once()
+            turns.once()
             if time.monotonic() - started > 120:
                 raise SystemExit("the processor was not assigned its partitions and done replaying in 120 s")
         replay_s = time.monotonic() - started
@@ -312,7 +315,7 @@ def main() -> int:
         producer.flush(30)
         started = time.monotonic()
         while True:
-            processor.run_once()
+            turns.once()
             state = processor.jobs.get(tp_job)
             if state is not None and all(i.status.value == "running" for i in state.instances.values()):
                 break
@@ -381,7 +384,7 @@ def main() -> int:
         t_proc = time.perf_counter()
         deadline = time.monotonic() + 300
         while processor.counters.log_lines - base < args.lines:
-            processor.run_once()
+            turns.once()
             calls += 1
             if time.monotonic() > deadline:
                 raise SystemExit(f"the processor took {processor.counters.log_lines - base:,} of "
@@ -535,9 +538,10 @@ def finish_jobs(producer, processor, agent, tp_job, names, jobs, loops, warnings
     producer.flush(30)
     started = time.monotonic()
     threaded = bool(loops)
+    turns = ServiceLoop(processor)
     while time.monotonic() - started < 30:
         if not threaded:
-            processor.run_once()
+            turns.once()
         else:
             time.sleep(0.05)
         pending = [j for j in [tp_job, *jobs] if j in processor.jobs and not processor.jobs[j].finished]

@@ -16,8 +16,10 @@ from typing import Callable, Optional
 
 import pytest
 
+from trainwarden.bus import EVENTS
 from trainwarden.bus.memory import MemoryBus
-from trainwarden.events import Decision, DecisionKind, LogLine
+from trainwarden.bus.serde import encode
+from trainwarden.events import Decision, DecisionKind, LogLine, Preempted
 from trainwarden.jobspec import JobDefinition, from_command
 from trainwarden.rules.loader import load_rules
 from trainwarden.runtime.registry import runtime_kind
@@ -31,8 +33,11 @@ PROGRAM = str(Path(__file__).resolve().parent / "programs" / "resume.py")
 
 # When a printed line matches, C4D's collector on the node running that
 # instance sends this finding through the trusted channel (the C4D socket of
-# `run`; the agents' C4D logs, which only this test process writes).
-Trigger = Callable[[LogLine], Optional[str]]
+# `run`; the agents' C4D logs, which only this test process writes); or the
+# job's runtime reports what it saw (a Preempted event: the scheduler took the
+# round's capacity back), as a runtime does: into the run's inbox, or onto the
+# bus's events topic as the actuator's runtime sends it.
+Trigger = Callable[[LogLine], "Optional[str | Preempted]"]
 
 
 @dataclasses.dataclass
@@ -56,9 +61,12 @@ class Outcome:
                 if (instance is None or line.instance == instance) and (round_ is None or line.round == round_)]
 
     def rows(self) -> list[tuple]:
-        """The fault rows as a runtime-independent shape (node names aside)."""
+        """The history's rows as a runtime-independent shape (node names
+        aside): the fault rows, and the job's row (its ``rounds`` means the
+        same everywhere: supervision/acting.py)."""
         return sorted((r["round"], r["action"], r["error_source"], r["result"], r["reason"], r["instance_name"],
-                       r["category"], r["verdict"]) for r in self.faults)
+                       r["category"], r["verdict"]) for r in self.faults) + [
+            ("job", r["status"], r["reason"], r["instances"], r["rounds"]) for r in self.jobs]
 
 
 def job(job_id: str, tmp: Path, args: str, *program: str, nproc: int = 2) -> JobDefinition:
@@ -110,7 +118,9 @@ def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger],
         def line(self, event: LogLine) -> None:
             lines.append(event)
             said = trigger(event) if trigger else None
-            if said:
+            if isinstance(said, Preempted):
+                embedded.inbox.put(said)
+            elif said:
                 send_c4d(c4d_socket, [said])  # from this process: not one of the job's
 
         def flush(self) -> None:
@@ -144,9 +154,15 @@ def _run_agents(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger]
         follower = Follower(bus, definition.job_id)
         assert follower.ready()
 
+        reports = bus.producer()
+
         def on_line(event: LogLine) -> None:
             lines.append(event)
             said = trigger(event) if trigger else None
+            if isinstance(said, Preempted):
+                reports.send(EVENTS, said.job_id, encode(said))
+                reports.flush()
+                return
             node = cluster.node_of(event.job_id, event.instance) if said else None
             if node:
                 with open(cluster.c4d_logs[node], "a") as channel:

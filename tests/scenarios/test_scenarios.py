@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 
 from tests.scenarios.runtimes import RUNTIMES, job, run
+from trainwarden.events import Preempted
+from trainwarden.clock import now as clock_now
 from trainwarden.runtime.base import Capability
 from trainwarden.runtime.registry import runtime_kind
 
@@ -137,6 +139,26 @@ def test_a_c4d_error_on_the_diagnostic_channel_isolates_the_node_and_restarts_th
         round1 = [t for t in outcome.texts(round_=1) if t.startswith("resuming")]
         assert len(round1) == 2 and all(f"node={isolated}" not in t for t in round1), round1
     _same_rows_everywhere("c4d error", runtime, outcome.rows())
+
+
+def test_a_preemption_restarts_the_job_and_counts_as_one_job_restart_in_the_jobs_table_on_every_runtime(
+        runtime, tmp_path, job_id):
+    def preempted_when_worker0_is_at_step_2(line):
+        if line.instance == "worker-0" and line.round == 0 and line.text == "step 2":
+            return Preempted(job_id=job_id, time=clock_now(), round=0, reason="the scheduler took the nodes back")
+        return None
+
+    outcome = run(runtime, tmp_path, job(job_id, tmp_path, "--enable-job-restart=True", "--steps", "8",
+                                         "--step-s", "0.2"), trigger=preempted_when_worker0_is_at_step_2)
+    assert outcome.succeeded, outcome.texts()
+    [restart] = _done(outcome)
+    assert (restart["action"], restart["reason"], restart["error_source"]) == (
+        "restart_job", "preempted", "preemption"), restart
+    assert any(t.startswith("resuming worker-0 round=1") for t in outcome.texts("worker-0", 1))
+    # No limit counts a preemption, but the job was restarted once: the jobs table says so everywhere.
+    [record] = outcome.jobs
+    assert (record["status"], record["rounds"]) == ("succeeded", 1), record
+    _same_rows_everywhere("preemption", runtime, outcome.rows())
 
 
 def test_a_c4d_line_the_job_prints_itself_is_recorded_and_decides_nothing(runtime, tmp_path, job_id):

@@ -40,8 +40,10 @@ def _decisions(bus, job_id="j1"):
 
 
 def _drain(processor, times=5):
+    """Iterations, each with a tick (the service loop's timing is tests/services/test_loop.py's)."""
     for _ in range(times):
         processor.run_once(timeout_s=0.01)
+        processor.tick()
 
 
 def test_log_lines_that_arrive_while_their_partition_replays_still_count():
@@ -157,6 +159,7 @@ def test_a_line_counts_only_from_the_node_that_runs_its_incarnation():
     _drain(processor)
     clock.now = T0 + 2
     producer.send(LOGS, "j1", _batch("n", T0 + 2, "step 1"))
+    clock.now = T0 + 2  # lines are dated by their arrival, on the processor's clock
     _drain(processor)
     worker = processor.jobs["j1"].instances["worker-0"]
     # Dated by its arrival at the processor (its own clock), as every line is.

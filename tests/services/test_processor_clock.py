@@ -11,7 +11,8 @@ from trainwarden.bus.messages import Line, LogBatch
 from trainwarden.bus.serde import encode
 from trainwarden.events import InstanceStarted, JobSubmitted, Reason, Stream
 from trainwarden.rules.loader import load_rules
-from trainwarden.services.processor import TICK_S, Processor
+from trainwarden.services.loop import TICK_S, ServiceLoop
+from trainwarden.services.processor import Processor
 from trainwarden.simulation.cluster import instance_specs
 
 T0 = 1_800_000_000.0
@@ -64,11 +65,12 @@ class SkewedAgent:
                            "silent_s": self.time - self.last_line[name], "spoke": True} for name in NAMES]})[1:])
 
 
-def _processor(bus, clock, decided) -> Processor:
-    return Processor(bus, load_rules(), clock=clock, on_decision=decided.append)
+def _processor(bus, clock, decided) -> ServiceLoop:
+    """The processor on the service loop, whose ticks follow the pinned clock."""
+    return ServiceLoop(Processor(bus, load_rules(), clock=clock, on_decision=decided.append), clock)
 
 
-def _drive(processor, agent, clock, until_s, print_every_s=None, decided=None) -> float | None:
+def _drive(loop, agent, clock, until_s, print_every_s=None, decided=None) -> float | None:
     """Tick by tick until ``until_s`` (seconds after T0): the agent prints every
     ``print_every_s`` (None: never) and reports every second. When a hang was decided."""
     last_print = clock.now - T0
@@ -80,7 +82,7 @@ def _drive(processor, agent, clock, until_s, print_every_s=None, decided=None) -
             last_print = elapsed
         if abs(elapsed - round(elapsed)) < 1e-6:
             agent.report()
-        processor.run_once(timeout_s=0.0)
+        loop.once()
         if any(d.reason is Reason.JOB_HANG for d in decided):
             return elapsed
     return None
@@ -106,7 +108,7 @@ def test_a_healthy_job_on_an_agent_whose_clock_is_off_is_not_declared_hung(skew_
     agent.submit_and_start()
     processor = _processor(bus, clock, decided)
     assert _drive(processor, agent, clock, 60, print_every_s=2.0, decided=decided) is None
-    assert processor.jobs["j1"].silence_checks_skipped == 0
+    assert processor.service.jobs["j1"].silence_checks_skipped == 0
 
 
 @pytest.mark.parametrize("skew_s", SKEWS)
@@ -118,14 +120,14 @@ def test_a_processor_taking_over_neither_fires_a_hang_early_nor_holds_it_back_pa
     first = _processor(bus, clock, decided)
     _drive(first, agent, clock, 10, print_every_s=1.0, decided=decided)  # the last lines at 10 s
     _drive(first, agent, clock, 12, decided=decided)
-    first.close()  # dies at 12 s; the agent goes on reporting
+    first.service.close()  # dies at 12 s; the agent goes on reporting
     for _ in range(5):
         clock.now = round(clock.now + TICK_S, 6)
         if abs(clock.now - T0 - round(clock.now - T0)) < 1e-6:
             agent.report()
     second = _processor(bus, clock, decided)  # takes the partitions over at 13 s and replays them
     fired = _drive(second, agent, clock, 60, decided=decided)
-    assert second.counters.replayed > 0
+    assert second.service.counters.replayed > 0
     # The silence since 10 s, as the agent reported it at 13 s: an interval after 10 s, late by
     # at most the time since that report when the replay ended.
     assert fired is not None and 15 <= fired <= 15 + 1 + TICK_S, (fired, decided)
@@ -139,6 +141,6 @@ def test_a_healthy_job_is_not_declared_hung_by_a_processor_taking_over(skew_s):
     agent.submit_and_start()
     first = _processor(bus, clock, decided)
     _drive(first, agent, clock, 10, print_every_s=2.0, decided=decided)
-    first.close()
+    first.service.close()
     second = _processor(bus, clock, decided)
     assert _drive(second, agent, clock, 60, print_every_s=2.0, decided=decided) is None

@@ -22,7 +22,6 @@ from trainwarden.runtime.run_as import RunAsError
 from trainwarden.runtime.run_as import resolve as resolve_run_as
 from trainwarden.runtime.logfiles import limits_from_flags
 from trainwarden.services.embedded import HISTORY_WAIT_S, EmbeddedRun
-from trainwarden.settings import parse_args_string
 from trainwarden.spot.market import open_market
 from trainwarden.spot.spec import check_bids
 from trainwarden.store import StoreError, open_reader, open_writer
@@ -46,7 +45,6 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         job = dataclasses.replace(job, stop_grace_s=args.stop_grace)
     if args.preload:
         job = job.with_preload(parse_preload(args.preload))
-    parse_args_string(job.args)  # already checked; repeated so a bad string can never start a job
     market, bids = None, ()
     if job.spot and not args.market:
         return fail(f"the job has spot roles ({', '.join(b.role for b in job.spot)}) but no market",

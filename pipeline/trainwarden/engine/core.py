@@ -51,16 +51,22 @@ C4D_LEVELS = ("Info", "Warning", "Error")
 _NO_DECISIONS: list = []  # shared and never mutated: the common answer to a log line
 
 
-def start_job(event: JobSubmitted, pack: RulePack, now: float) -> tuple[JobState, list[Decision]]:
+def start_job(event: JobSubmitted, pack: RulePack, now: float,
+              settings: Optional[JobSettings] = None) -> tuple[JobState, list[Decision]]:
     """The state of a newly submitted job; an invalid arguments string, or
     more instances than a job may have, fails it at once (and cheaply: no
-    state is made for the instances of a job refused for their number)."""
+    state is made for the instances of a job refused for their number).
+    ``settings``: the event's arguments string as parsed where the job was
+    defined (``run``); without them the string is parsed here (the
+    processor's parse, the one a job submitted to the cluster gets)."""
     instances = event.instances
-    try:
-        settings = parse_args_string(event.args)
-        problem = "" if instances else "the job has no instances"
-    except SettingsError as exc:
-        settings, problem = JobSettings(), str(exc)
+    problem = "" if instances else "the job has no instances"
+    if settings is None:
+        try:
+            settings = parse_args_string(event.args)
+        except SettingsError as exc:
+            # Only the state of a job failed at once: it never runs on them.
+            settings, problem = JobSettings(), str(exc)
     if len(instances) > MAX_INSTANCES:
         problem, instances = f"the job has {len(instances):,} instances; a job may have at most {MAX_INSTANCES}", ()
     elif event.spec is not None and len(event.spec.roles) > MAX_ROLES:

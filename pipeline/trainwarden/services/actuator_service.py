@@ -51,14 +51,14 @@ from trainwarden.bus.messages import (
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
 from trainwarden.clock import now as clock_now
 from trainwarden.engine import JobStatus
-from trainwarden.events import Decision, DecisionKind, InstanceSpec, JobSpec, NodeLost, Preempted
+from trainwarden.events import Decision, DecisionKind, InstanceSpec, JobSpec, NodeLost, Preempted, Reason
 from trainwarden.runtime.agents import AgentsRuntime, ClusterJob, UnplacedRuntime
 from trainwarden.runtime.nodes import Cluster, NodeStatus
 from trainwarden.runtime.slurm.cli import SlurmError
 from trainwarden.runtime.slurm.parse import NodeState as SlurmNodeState
 from trainwarden.runtime.slurm.runtime import REASON_PREFIX as SLURM_REASON
 from trainwarden.runtime.slurm.runtime import SlurmRuntime, SlurmSite
-from trainwarden.settings import JobSettings, SettingsError, parse_args_string
+from trainwarden.settings import SettingsError, parse_args_string
 from trainwarden.store.base import StoreError
 from trainwarden.store.records import DeadLetter, NodeEventRecord
 from trainwarden.supervision.acting import FINAL, JobFacts, Supervisor
@@ -90,6 +90,7 @@ class ActuatorCounters:
     dead_letters: int = 0
     history_errors: int = 0
     slurm_errors: int = 0
+    refused_starts: int = 0  # starts whose arguments string does not parse: failed as invalid_job, nothing run
     finished: int = 0  # actions a previous actuator (or a bus error) left between intent and done
 
 
@@ -159,7 +160,10 @@ class ActuatorService:
             self.executed.add(message.action_id)
             self.unfinished.pop(message.action_id, None)
             if message.kind == DecisionKind.START_JOB.value and message.spec is not None:
-                self._job(message.job_id, message.spec, message.instances, message.settings_args, message.time)
+                try:
+                    self._job(message.job_id, message.spec, message.instances, message.settings_args, message.time)
+                except SettingsError:
+                    pass  # a refused start (_refuse_start): nothing of it runs
             self._remember(message.job_id, message.action_id, message.kind, message.incarnations)
             if message.kind in (DecisionKind.FAIL_JOB.value, DecisionKind.COMPLETE_JOB.value):
                 self.jobs.pop(message.job_id, None)
@@ -213,11 +217,12 @@ class ActuatorService:
 
     def _job(self, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec], args: str,
              submitted_at: float) -> Supervisor:
+        """The job's supervisor, made at its start. Raises SettingsError for
+        an arguments string that does not parse: such a job never runs on
+        the defaults (the processor fails it; a start saying otherwise is
+        refused, ``_refuse_start``)."""
         if job_id not in self.jobs:
-            try:
-                settings = parse_args_string(args)
-            except SettingsError:
-                settings = JobSettings()
+            settings = parse_args_string(args)
             if spec.runtime == "slurm" and self.slurm is not None:
                 runtime = SlurmRuntime(self, job_id, spec, instances, settings, self.slurm)
             else:
@@ -358,10 +363,15 @@ class ActuatorService:
             failpoint.reach(f"after-intent:{kind.value}")
         try:
             if kind is DecisionKind.START_JOB:
-                self._job(decision.job_id, decision.spec, decision.instances, decision.args,
-                          decision.detected_at).write_job(JobStatus.RUNNING)
+                try:
+                    self._job(decision.job_id, decision.spec, decision.instances, decision.args,
+                              decision.detected_at).write_job(JobStatus.RUNNING)
+                except SettingsError as exc:
+                    self._refuse_start(decision, exc)
             supervisor = self.jobs.get(decision.job_id)
-            if supervisor is None:
+            if supervisor is None and kind is DecisionKind.START_JOB:
+                pass  # refused (_refuse_start): nothing starts
+            elif supervisor is None:
                 # A job this actuator never started: nothing to stop or start
                 # here, but the decision is still recorded (and isolation done).
                 facts = JobFacts(job_id=decision.job_id, submitted_at=decision.detected_at, framework="",
@@ -391,6 +401,23 @@ class ActuatorService:
         self.producer.flush()
         failpoint.reach(f"before-done:{kind.value}")
         self._done(decision)
+
+    def _refuse_start(self, decision: Decision, exc: SettingsError) -> None:
+        """A start whose arguments string does not parse (a processor of
+        another version, say): nothing starts; the job is failed as
+        ``invalid_job`` and the refusal, naming the flag, kept as a dead letter."""
+        problem = f"{exc}" + (f" (hint: {exc.hint})" if exc.hint else "")
+        self.executed.add(decision.action_id)
+        self.counters.refused_starts += 1
+        self.say(f"refused to start the job: its arguments string does not parse: {problem}", decision.job_id)
+        facts = JobFacts(job_id=decision.job_id, submitted_at=decision.detected_at, framework="", args=decision.args,
+                         instances=len(decision.instances), node_name="")
+        refused = Supervisor(UnplacedRuntime(self), self.history, self.reports, facts, node="", clock=self.clock,
+                             executed=self.executed)
+        refused.write_job(JobStatus.FAILED, reason=Reason.INVALID_JOB.value)
+        self._write([DeadLetter(time=self.clock(), source="actuator/decisions", job_id=decision.job_id,
+                                error=f"start_job refused, not run on the defaults: {problem}"[:2000],
+                                payload=decision.args[:16000])])
 
     def _done(self, decision: Decision) -> None:
         spec = decision.spec if decision.kind is DecisionKind.START_JOB else None

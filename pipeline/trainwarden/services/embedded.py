@@ -1,8 +1,10 @@
 """``trainwarden run``: one job on this machine, no servers.
 
-The loop is thin: take the next event (process output, exits, SDK messages,
-or a tick when nothing came for a while), step the engine, hand decisions to
-the actuator. Everything else lives in the runtime, the engine and the store.
+The run is a service of the one service loop (services/loop.py): an
+iteration takes the next event (process output, exits, SDK messages) and
+steps the engine with it, a tick (every ``TICK_S``) runs the timers, and the
+decisions go to the actuator. Everything else lives in the runtime, the
+engine and the store.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from trainwarden.runtime.keeper import KeeperLease
 from trainwarden.runtime.launcher import InstanceLogs, LocalJobRunner
 from trainwarden.runtime.run_as import RunAs
 from trainwarden.runtime.logfiles import LogFileLimits
+from trainwarden.services.loop import ServiceLoop
 from trainwarden.spot.market import MarketProvider
 from trainwarden.spot.poller import MarketPoller
 from trainwarden.store.base import StoreError
@@ -42,7 +45,6 @@ from trainwarden.supervision.acting import JobFacts, Supervisor
 from trainwarden.supervision.intake import channel_line, dead_letter, refused_request, take
 from trainwarden.supervision.stack_reports import StackReports
 
-TICK_S = 0.2  # bounds detection latency of the timers to well under a second
 # How long a finished run keeps retrying history records it could not write
 # (a full disk) before it gives up and says how many were lost.
 HISTORY_WAIT_S = 60.0
@@ -186,7 +188,7 @@ class RunResult:
     job_id: str
     status: JobStatus
     reason: str
-    rounds: int
+    rounds: int  # job restarts, as the jobs table counts them (supervision/acting.py)
     decisions: int
     dead_letters: int
     counters: dict = dataclasses.field(default_factory=dict)
@@ -199,7 +201,7 @@ class RunResult:
 
 class EmbeddedRun:
     def __init__(self, job: JobDefinition, pack: RulePack, history: HistoryWriter, reporter: Reporter,
-                 node: Optional[str] = None, tick_s: float = TICK_S,
+                 node: Optional[str] = None,
                  stack_tools: tuple[str, ...] = DEFAULT_TOOLS, stack_timeout_s: float = DEFAULT_TIMEOUT_S,
                  c4d_log: Optional[str] = None, c4d_socket: Optional[str] = None,
                  notify: Optional[NotifyOptions] = None,
@@ -212,7 +214,6 @@ class EmbeddedRun:
         self.history = history
         self.reporter = reporter
         self.node = node or socket.gethostname()
-        self.tick_s = tick_s
         self.inbox = Inbox()
         self.state: Optional[JobState] = None
         self.decisions = 0
@@ -276,10 +277,11 @@ class EmbeddedRun:
         try:
             submitted = JobSubmitted(job_id=self.job.job_id, time=self.submitted_at, framework=self.job.framework,
                                      args=self.job.args, instances=self.job.instances(), spot=self.spot)
-            self.state, first = start_job(submitted, self.pack, self.submitted_at)
+            # The arguments as parsed where the job was defined (jobspec.py): the one parse.
+            self.state, first = start_job(submitted, self.pack, self.submitted_at, settings=self.job.settings)
             self._handle(first)  # START_JOB starts the instances (a spot job queues)
             self._poll_market(clock_now())
-            self._loop()
+            ServiceLoop(self).until(lambda: self.state.finished)
             status = self.state.status
         except KeyboardInterrupt:
             status = JobStatus.CANCELLED
@@ -298,14 +300,12 @@ class EmbeddedRun:
                 self.reporter.flush()
                 final = status or JobStatus.FAILED
                 self._spare_epitaph()
-                supervisor.write_job(final, reason=self.state.final_reason if self.state else "",
-                                     restarts=self.state.job_restarts if self.state else 0)
+                supervisor.write_job(final, reason=self.state.final_reason if self.state else "")
                 self._close_notifications()
                 lost = self._settle_history()
         counters = dataclasses.asdict(runner.runtime.counters)
         return RunResult(self.job.job_id, final, self.state.final_reason if self.state else "",
-                         self.state.job_restarts if self.state else 0, self.decisions, self.dead_letters, counters,
-                         lost_records=lost)
+                         supervisor.restarts, self.decisions, self.dead_letters, counters, lost_records=lost)
 
     def _spare_epitaph(self) -> None:
         if self.epitaph is not None:
@@ -361,24 +361,28 @@ class EmbeddedRun:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, kill_now)
 
-    def _loop(self) -> None:
-        next_tick = clock_now() + self.tick_s
-        while not self.state.finished:
-            item = self.inbox.get(timeout_s=max(0.0, next_tick - clock_now()))
-            if item is None:
-                self._flush()
-            else:
-                self._process(item)
-            moment = clock_now()
-            if moment >= next_tick and not self.state.finished:
-                # Timers judge the job as of the oldest evidence not yet read,
-                # never past it: a backlog delays detection, it cannot fake it.
-                oldest = self.inbox.oldest_time()
-                watermark = moment if oldest is None else min(moment, oldest)
-                self._process(Tick(job_id=self.job.job_id, time=watermark), now=watermark)
-                self._poll_market(moment)
-                self._flush()
-                next_tick = moment + self.tick_s
+    # ------------------------------------------------ the loop (services/loop.py)
+
+    def run_once(self, timeout_s: float) -> None:
+        """The next event, waiting for it at most ``timeout_s``; the output is flushed when none came."""
+        item = self.inbox.get(timeout_s=timeout_s)
+        if item is None:
+            self._flush()
+        else:
+            self._process(item)
+
+    def tick(self) -> None:
+        """The timers, and the market polled (a spot job)."""
+        if self.state.finished:
+            return
+        moment = clock_now()
+        # Timers judge the job as of the oldest evidence not yet read,
+        # never past it: a backlog delays detection, it cannot fake it.
+        oldest = self.inbox.oldest_time()
+        watermark = moment if oldest is None else min(moment, oldest)
+        self._process(Tick(job_id=self.job.job_id, time=watermark), now=watermark)
+        self._poll_market(moment)
+        self._flush()
 
     def _flush(self) -> None:
         self.reporter.flush()

@@ -1,9 +1,10 @@
 """``trainwarden processor``: the engine over the bus.
 
 A consumer group on the events and logs topics. For each job it keeps the
-engine's state, steps it with every event and with a tick every 0.2 s, and
-publishes decisions, each also recorded in the job's event partition
-(``decision_record``) so that a successor can rebuild the state.
+engine's state, steps it with every event and with the service loop's tick
+(services/loop.py, every ``TICK_S``), and publishes decisions, each also
+recorded in the job's event partition (``decision_record``) so that a
+successor can rebuild the state.
 
 Recovery is replay: a processor that is assigned an events partition reads it
 from the start. Decisions that events cause are derived again (same action
@@ -31,7 +32,6 @@ from trainwarden.supervision.intake import Taken, take
 from trainwarden.rules.model import RulePack
 
 GROUP = f"{PREFIX}-processor"
-TICK_S = 0.2
 
 
 @dataclasses.dataclass
@@ -57,11 +57,10 @@ class _Replay:
 
 
 class Processor:
-    def __init__(self, bus: Bus, pack: RulePack, group: str = GROUP, tick_s: float = TICK_S,
+    def __init__(self, bus: Bus, pack: RulePack, group: str = GROUP,
                  clock: Callable[[], float] = clock_now, on_decision: Optional[Callable[[Decision], None]] = None):
         self.bus = bus
         self.pack = pack
-        self.tick_s = tick_s
         self.clock = clock
         self.on_decision = on_decision
         self.counters = ProcessorCounters()
@@ -72,18 +71,17 @@ class Processor:
         self._assigned: list = []
         self.producer = bus.producer()
         self.consumer = bus.consumer([EVENTS, LOGS], group, from_beginning=True, on_assign=self._assigned.extend)
-        self._next_tick = clock() + tick_s
 
     def use_rules(self, pack: RulePack) -> None:
         """Rules for the jobs submitted from now on (a reload). A running job
         keeps the pack it started with: its state holds it."""
         self.pack = pack
 
-    # ------------------------------------------------------------ the loop
+    # ------------------------------------------------ the loop (services/loop.py)
 
-    def run_once(self, timeout_s: Optional[float] = None) -> None:
-        wait = self.tick_s if timeout_s is None else timeout_s
-        records = self.consumer.poll(max(0.0, min(wait, self._next_tick - self.clock())), max_records=2000)
+    def run_once(self, timeout_s: float) -> None:
+        """The records that come within ``timeout_s``, taken and committed."""
+        records = self.consumer.poll(max(0.0, timeout_s), max_records=2000)
         sought = self._take_assignments()
         for record in records:
             if record.topic == EVENTS and record.partition in sought:
@@ -93,11 +91,18 @@ class Processor:
                 continue
             self._route(record)
         self._finish_replays()
-        if self.clock() >= self._next_tick:
-            self._tick()
-            self._next_tick = self.clock() + self.tick_s
         self.producer.flush()
         self.consumer.commit()
+
+    def tick(self) -> None:
+        """Every job's timers, on this processor's clock; their decisions published at once."""
+        now = self.clock()
+        for job_id, state in list(self.jobs.items()):
+            partition = self.partition_of.get(job_id)
+            if state.finished or partition in self.replays:
+                continue
+            self._publish(self._take(state, Tick(job_id=job_id, time=now), now, "", True).decisions, partition)
+        self.producer.flush()
 
     def close(self) -> None:
         try:
@@ -218,14 +223,6 @@ class Processor:
             taken = self._take(state, event, arrived, message.node, True)
             state = taken.state
             self._publish(taken.decisions, record.partition)
-
-    def _tick(self) -> None:
-        now = self.clock()
-        for job_id, state in list(self.jobs.items()):
-            partition = self.partition_of.get(job_id)
-            if state.finished or partition in self.replays:
-                continue
-            self._publish(self._take(state, Tick(job_id=job_id, time=now), now, "", True).decisions, partition)
 
     # ---------------------------------------------------------------- replay
 

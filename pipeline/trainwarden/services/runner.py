@@ -11,6 +11,7 @@ host without one unless the network is declared trusted (bus/signing.py)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import signal
 import threading
 from typing import Any, Callable, Optional
@@ -129,8 +130,9 @@ class ServiceRun:
         where = f"; metrics on http://{self.server.address}/metrics" if self.server else ""
         signing = f"; {self._signing}" if self._signing else ""
         self.say("info", f"running: {label}{where}{signing}")
-        if self._refusals is not None:
-            service = _WithRefusals(service, self._refusals)
+        # The health line's counters: a signed bus's refusals too.
+        counters = functools.partial(_with_refusals, service, self._refusals) \
+            if self._refusals is not None else None
         reloader = None
         if reload is not None:
             reloader = _Reloader(reload, self._take_reload, self.say)
@@ -140,7 +142,7 @@ class ServiceRun:
         try:
             serve(service, self._stopping.is_set, self.say, observer=self.observer,
                   reload_requested=reloader.ready if reloader else (lambda: False),
-                  reload=reloader.swap_in if reloader else None)
+                  reload=reloader.swap_in if reloader else None, counters=counters)
         finally:
             self.close()
         self.say("info", "stopped")
@@ -158,22 +160,8 @@ class ServiceRun:
         return True
 
 
-class _WithRefusals:
-    """A service whose counters (the health line's) include its bus's signature refusals."""
-
-    def __init__(self, service, refusals: SigningCounters):
-        self._service = service
-        self._refusals = refusals
-
-    @property
-    def counters(self):
-        merged = {**dataclasses.asdict(self._service.counters),
-                  **{f"refused_{reason}": getattr(self._refusals, reason) for reason in REFUSALS},
-                  "refusals_not_dead_lettered": self._refusals.dead_letters_lost}
-        return dataclasses.make_dataclass("Counters", list(merged))(**merged)
-
-    def run_once(self) -> None:
-        self._service.run_once()
-
-    def close(self) -> None:
-        self._service.close()
+def _with_refusals(service, refusals: SigningCounters) -> dict:
+    """A service's counters for its health line, with its bus's signature refusals."""
+    return {**dataclasses.asdict(service.counters),
+            **{f"refused_{reason}": getattr(refusals, reason) for reason in REFUSALS},
+            "refusals_not_dead_lettered": refusals.dead_letters_lost}

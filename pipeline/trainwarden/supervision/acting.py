@@ -44,8 +44,12 @@ class Supervisor:
         self.notify = notify
         self.actuator = Actuator(runtime, history, node, clock=clock, executed=executed)
         self.status = JobStatus.RUNNING
-        # The jobs table's ``rounds``: restarts of the whole job (not re-queues),
-        # by action id, so that one finished by a new actuator counts once.
+        # The jobs table's ``rounds``, the same on every runtime: the job
+        # restarts carried out (RESTART_JOB, whatever its reason: a
+        # preemption's too, though no limit counts it; never an instance's
+        # restart or a spot job's re-queue), by action id, so that one
+        # finished by a new actuator counts once. Counted here alone: the
+        # engine's ``job_restarts`` is what its limits count, not this.
         self.restart_ids: set[str] = set()
         self.restarts = 0
         self.reason = ""
@@ -90,12 +94,10 @@ class Supervisor:
     def mark_running(self, instance: str, round_: int, start: int, when: float) -> None:
         self.actuator.mark_running(instance, round_, start, when)
 
-    def write_job(self, status: JobStatus, reason: Optional[str] = None, restarts: Optional[int] = None) -> None:
+    def write_job(self, status: JobStatus, reason: Optional[str] = None) -> None:
         self.status = status
         if reason is not None:
             self.reason = reason
-        if restarts is not None:
-            self.restarts = restarts
         now = self.clock()
         facts = self.facts
         self.history.write([JobRecord(
