@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.other_user import DUMPABLE_PROBE, OTHER_UID, other_python, other_writable, python_path
 from trainwarden import hardening
+from trainwarden.bus import kafka_security
 from trainwarden.bus.kafka_security import KafkaSecurity
 
 SECRET = "s" * 20 + "0123456789abcdef"
@@ -113,6 +114,7 @@ def test_a_process_of_the_services_own_user_can_read_neither_its_environ_nor_its
 
 def test_the_secrets_taken_out_of_the_environment_are_still_the_buses(monkeypatch):
     monkeypatch.setattr(hardening, "_secrets", {"TRAINWARDEN_KAFKA_SASL_PASSWORD": PASSWORD})
+    monkeypatch.setattr(kafka_security, "_FLAG_VALUES", {})  # flags an earlier test in this process gave
     for name in ("TRAINWARDEN_KAFKA_SASL_PASSWORD", "TRAINWARDEN_KAFKA_SASL_PASSWORD_FILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TRAINWARDEN_KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
