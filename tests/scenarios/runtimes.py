@@ -69,31 +69,33 @@ class Outcome:
             ("job", r["status"], r["reason"], r["instances"], r["rounds"]) for r in self.jobs]
 
 
-def job(job_id: str, tmp: Path, args: str, *program: str, nproc: int = 2) -> JobDefinition:
-    definition = from_command([sys.executable, PROGRAM, *program], nproc, args, job_id, stop_grace_s=2)
+def job(job_id: str, tmp: Path, args: str, *program: str, nproc: int = 2, python: str = sys.executable) -> JobDefinition:
+    definition = from_command([python, PROGRAM, *program], nproc, args, job_id, stop_grace_s=2)
     return dataclasses.replace(definition, checkpoint_dir=str(tmp / "checkpoints"))
 
 
 def run(runtime: str, tmp: Path, definition: JobDefinition, trigger: Optional[Trigger] = None,
-        timeout_s: float = 90.0) -> Outcome:
+        timeout_s: float = 90.0, slurm=None) -> Outcome:
+    """slurm: the site for the slurm runtime (default: slurm_site(tmp))."""
     runtime_kind(runtime)  # a runtime the registry does not know is a mistake in the test
     if runtime == "local":
         return _run_local(tmp, definition, trigger, timeout_s)
     if runtime == "slurm":
         return _run_agents(tmp, dataclasses.replace(definition, runtime="slurm"), trigger, timeout_s,
-                           slurm=slurm_site(tmp))
+                           slurm=slurm or slurm_site(tmp))
     return _run_agents(tmp, definition, trigger, timeout_s)
 
 
-def slurm_site(tmp: Path):
-    """The local Slurm cluster CI starts (deploy/slurm/local-slurm), or a skip saying how to get one."""
+def slurm_site(tmp: Path, run_as=None, python: str = sys.executable):
+    """The local Slurm cluster CI starts (deploy/slurm/local-slurm), or a skip saying how to get one.
+    run_as: the jobs' user (SlurmCli's); python: the task wrappers' interpreter."""
     if os.environ.get("TRAINWARDEN_SLURM") != "1" or not os.environ.get("SLURM_CONF"):
         pytest.skip("no Slurm cluster: start one with deploy/slurm/local-slurm start, export the SLURM_CONF it "
                     "prints and TRAINWARDEN_SLURM=1 (.ci/run does)")
     from trainwarden.runtime.slurm.cli import SlurmCli
     from trainwarden.runtime.slurm.runtime import SlurmSite
 
-    return SlurmSite(SlurmCli(os.environ["SLURM_CONF"]), tmp / "slurm")
+    return SlurmSite(SlurmCli(os.environ["SLURM_CONF"], run_as=run_as), tmp / "slurm", python=python)
 
 
 def cancel_slurm_jobs(job_id: str) -> None:

@@ -118,6 +118,8 @@ class _Srun:
 
 
 class _Slurm:
+    run_as = None  # the steps run as the actuator's user
+
     def __init__(self):
         self.steps: list[dict] = []
 

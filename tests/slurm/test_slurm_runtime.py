@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,12 @@ from tests.scenarios.runtimes import PROGRAM, cancel_slurm_jobs
 NCCL = "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system error"
 C4D_ERROR = '[C4D] level=Error kind=RankCommHang rank=0 detail="allreduce stuck for 190 s"'
 SLURM_SCRIPT = ROOT / "deploy" / "slurm" / "local-slurm"
+
+
+def _this_slurm() -> dict:
+    """local-slurm's environment for the cluster of SLURM_CONF (without SLURM_DIR it acts on the one of
+    its default port base: another session's)."""
+    return dict(os.environ, SLURM_DIR=str(Path(os.environ["SLURM_CONF"]).parent))
 
 
 @pytest.fixture
@@ -115,7 +122,8 @@ def test_a_node_whose_slurmd_is_killed_is_lost_and_the_job_goes_on_on_the_others
     proc = _submit(services, job_id, tmp_path, "--enable-job-restart=True", "--steps", "400", "--step-s", "0.2")
     wait_for(lambda: _node_of(services, job_id, "worker-1", 0), 60, "worker-1 running")
     victim = _node_of(services, job_id, "worker-1", 0)
-    subprocess.run([str(SLURM_SCRIPT), "kill-node", victim], check=True, capture_output=True, timeout=30)
+    subprocess.run([str(SLURM_SCRIPT), "kill-node", victim], check=True, capture_output=True, timeout=30,
+                   env=_this_slurm())
     killed_at = time.time()
     try:
         # Slurm says the node is down after SlurmdTimeout (30 s); the job's next round runs elsewhere.
@@ -123,7 +131,8 @@ def test_a_node_whose_slurmd_is_killed_is_lost_and_the_job_goes_on_on_the_others
                  150, "round 1 running")
         assert time.time() - killed_at < 150
     finally:
-        subprocess.run([str(SLURM_SCRIPT), "restart-node", victim], check=False, capture_output=True, timeout=60)
+        subprocess.run([str(SLURM_SCRIPT), "restart-node", victim], check=False, capture_output=True, timeout=60,
+                       env=_this_slurm())
     out = _finish(services, proc, timeout=300)
     round1 = _resumed_on(out, 1)
     assert len(round1) == 2 and victim not in round1.values(), (victim, round1)

@@ -97,6 +97,9 @@ def add_commands(sub) -> None:
     _option(actuator, "--slurm-dir", help="run jobs submitted with --runtime slurm through Slurm; plans, task "
                                           "manifests and output files go here (a directory every Slurm node sees)")
     _option(actuator, "--slurm-conf", env="SLURM_CONF", help="the slurm.conf to use (as for any Slurm client)")
+    _option(actuator, "--run-as", metavar="USER",
+            help="with --slurm-dir: submit the Slurm jobs as this user (a name or UID[:GID]; sbatch/srun --uid, "
+                 "the actuator runs as root), so their tasks cannot read the services' keys")
     _option(actuator, "--node-timeout", type=float, default=10.0,
             help="seconds without a heartbeat before a node is lost (default 10)")
     _service_options(actuator)
@@ -409,18 +412,25 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
 
         store = store_target(args)
         slurm = None
+        run_as = _run_as(args.run_as)
+        if isinstance(run_as, int):
+            return run_as
+        if run_as and not args.slurm_dir:
+            return fail("--run-as applies to the Slurm jobs this actuator submits, and it has none",
+                        hint="give --slurm-dir too, or --run-as to each agent instead")
         if args.slurm_dir:
             from trainwarden.runtime.slurm.cli import SlurmCli
             from trainwarden.runtime.slurm.runtime import SlurmSite
 
-            slurm = SlurmSite(SlurmCli(args.slurm_conf), Path(args.slurm_dir))
+            slurm = SlurmSite(SlurmCli(args.slurm_conf, run_as=run_as), Path(args.slurm_dir))
         service = ActuatorService(bus, open_writer(store), node_timeout_s=args.node_timeout, slurm=slurm,
                                   say=lambda text, job_id="": run.say("info", text, job_id))
         observer.watch(lambda: service.counters, [
             ("actuator_jobs", "Jobs this actuator supervises.", lambda: len(service.jobs)),
             ("actuator_nodes", "Nodes this actuator has heard of.", lambda: len(service.cluster.nodes))])
         observer.readiness_check(lambda: store_writable(store))
-        label = f"actuator (history in {store}" + (f", Slurm jobs in {args.slurm_dir})" if slurm else ")")
+        label = f"actuator (history in {store}" + (f", Slurm jobs in {args.slurm_dir}" if slurm else "") + (
+            f", run as {run_as.describe()})" if run_as else ")")
     return run.run(service, label, reload)
 
 

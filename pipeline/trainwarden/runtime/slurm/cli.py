@@ -18,6 +18,9 @@ Facts of Slurm 22.05 this relies on (proven in tests/slurm/test_real_slurm.py):
   node, for the job's whole allocation) never delays a round's step.
 - ``scancel JOB.STEP`` without a signal SIGKILLs the step's processes at
   once; ``signal="TERM"`` lets the task wrapper forward it to the command.
+- ``sbatch --uid=U --gid=G`` (root only) makes the allocation user U's;
+  a step root launches into it with ``srun --jobid`` still runs as root
+  unless srun is given the same ``--uid``/``--gid``: both carry them.
 - ``scontrol requeue`` holds the job (Reason=BeginTime) for ~120 s; an
   update of ``StartTime=now`` sent while the job is still COMPLETING is
   overwritten, so :meth:`requeue_now` waits for PENDING before sending it.
@@ -32,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, TypeVar
 
+from trainwarden.runtime.run_as import RunAs
 from trainwarden.runtime.slurm.parse import (
     JobState,
     SlurmJob,
@@ -93,13 +97,19 @@ class SlurmCli:
     """The Slurm commands a runtime needs, typed.
 
     conf: the slurm.conf to use (default: ``$SLURM_CONF``, else Slurm's own
-    default). timeout_s: the limit of each command.
+    default). timeout_s: the limit of each command. run_as: the user (and
+    group) the allocations and their steps run as (``--uid``/``--gid``,
+    which Slurm grants root only); None: the caller's own.
     """
 
-    def __init__(self, conf: "str | Path | None" = None, *, timeout_s: float = 30.0):
+    def __init__(self, conf: "str | Path | None" = None, *, timeout_s: float = 30.0, run_as: Optional[RunAs] = None):
         conf = conf if conf is not None else os.environ.get("SLURM_CONF")
         self.conf: Optional[str] = str(conf) if conf else None
         self.timeout_s = timeout_s
+        self.run_as = run_as
+
+    def _user_args(self) -> list[str]:
+        return [f"--uid={self.run_as.uid}", f"--gid={self.run_as.gid}"] if self.run_as else []
 
     # ------------------------------------------------------------ plumbing
 
@@ -187,6 +197,7 @@ class SlurmCli:
             f"--job-name={name}",
             f"--chdir={output_dir}",
             f"--output={output_dir / '%j-holder.out'}",
+            *self._user_args(),
         ]
         if exclude:
             args.append(f"--exclude={compress_hostlist(list(exclude))}")
@@ -238,6 +249,7 @@ class SlurmCli:
             f"--output={out}",  # stderr too: one fd for both, in the order written
             "--input=none",
             "--quiet",
+            *self._user_args(),
         ]
         if exclude:
             args.append(f"--exclude={compress_hostlist(list(exclude))}")

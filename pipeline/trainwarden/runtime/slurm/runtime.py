@@ -31,12 +31,20 @@ for their own instances.
   the rounds' steps, started before the first round, which waits for the
   hosts to listen (at most ``HOST_READY_S``). The tasks hand their
   instances to its warm interpreters (task.py).
+- With ``--run-as USER`` (the actuator's: it is the one that submits) the
+  allocation and every step run as that user (SlurmCli's ``--uid``). The
+  directories the tasks write (outputs, manifests, standby) are given to
+  that user; what only the actuator writes (the plans, with the tokens) is
+  root's, readable by the user's group only. Writing there lets the job
+  forge a manifest, not an adoption: the agent adopts a pid only for a
+  token in that process's own environment (adopt.py, proof.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -51,6 +59,7 @@ from trainwarden.runtime.agents import ClusterJob, ClusterPort
 from trainwarden.runtime.base import Capability
 from trainwarden.runtime.environment import instance_env, job_env, sdk_import_dir
 from trainwarden.runtime.nodes import master_port
+from trainwarden.runtime.run_as import RunAs, share_sdk_path
 from trainwarden.runtime.slurm.adopt import token_digest
 from trainwarden.runtime.slurm.handoff import TASK_TOKENS, in_workdir, ready_name
 from trainwarden.runtime.slurm.cli import SlurmCli, SlurmError
@@ -75,11 +84,14 @@ class _Step:
 
 class SlurmSite:
     """Where this actuator reaches Slurm: its CLI and the shared directory
-    (plans, task manifests, output files, the agents' SDK addresses)."""
+    (plans, task manifests, output files, the agents' SDK addresses).
+    python: the interpreter the task wrappers run with on the nodes (this
+    one's by default; with --run-as it must be one that user can execute)."""
 
-    def __init__(self, cli: SlurmCli, directory: Path):
+    def __init__(self, cli: SlurmCli, directory: Path, python: str = sys.executable):
         self.cli = cli
         self.directory = Path(directory)
+        self.python = python
 
 
 class SlurmRuntime(ClusterJob):
@@ -118,6 +130,24 @@ class SlurmRuntime(ClusterJob):
         self.host_step: Optional[subprocess.Popen] = None
         self.host_since = 0.0
         self.standby_dir = self.directory / "standby"
+        self.python = site.python
+        self.run_as: Optional[RunAs] = site.cli.run_as
+        if self.run_as is not None:
+            self._share(site.directory)
+
+    def _share(self, shared: Path) -> None:
+        """What the tasks, run as another user, must reach: the shared
+        directory searchable, the plans readable by the user's group, the
+        directories the tasks write the user's own."""
+        run_as = self.run_as
+        os.chmod(shared, os.stat(shared).st_mode | 0o111)
+        os.chown(self.directory, os.geteuid(), run_as.gid)
+        os.chmod(self.directory, 0o750)  # the plans: the user reads them, never writes one
+        self.standby_dir.mkdir(exist_ok=True)
+        for path in (self.outputs, self.manifests, self.standby_dir):
+            run_as.give(path)
+        os.chmod(self.control_dir, 0o755)  # the agents' addresses: read by the tasks
+        share_sdk_path(self.sdk_path)
 
     # ------------------------------------------------------------ protocol
 
@@ -206,7 +236,7 @@ class SlurmRuntime(ClusterJob):
             self.host_run, self.host_since = run, now
             self.host_step = self._call(
                 self.slurm.launch_step, job.job_id, len(self.instance_names),
-                [sys.executable, "-m", "trainwarden.runtime.slurm.standby_host", "--ready-dir",
+                [self.python, "-m", "trainwarden.runtime.slurm.standby_host", "--ready-dir",
                  str(self.standby_dir), "--restart", str(job.restarts), *self.spec.preload],
                 output_dir=self.standby_dir, name=f"tw-{self.job_id}-standby", overlap=True)
             if self.host_step is None:
@@ -261,7 +291,12 @@ class SlurmRuntime(ClusterJob):
                 "manifest_dir": str(self.manifests), "output_dir": str(self.outputs),
                 "control_dir": str(self.control_dir), "restart": job.restarts, "standby": bool(self.spec.preload)}
         path = self.directory / f"plan-r{round_}{label}-{int(time.time() * 1000)}.json"
-        path.write_text(json.dumps(plan))
+        # Created 0640: the tokens in it are the job's own user's to read, no one else's.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
+        with os.fdopen(fd, "w") as f:
+            if self.run_as is not None:
+                os.fchown(f.fileno(), os.geteuid(), self.run_as.gid)
+            f.write(json.dumps(plan))
         return path
 
     def _launch(self, job) -> None:
@@ -279,7 +314,7 @@ class SlurmRuntime(ClusterJob):
         self.port.send_command(ExpectTasks(node="*", job_id=self.job_id, slurm_job=job.job_id,
                                            incarnations=tuple(announced)))
         proc = self._call(self.slurm.launch_step, job.job_id, len(plan_instances),
-                          [sys.executable, "-m", "trainwarden.runtime.slurm.task", str(path)],
+                          [self.python, "-m", "trainwarden.runtime.slurm.task", str(path)],
                           output_dir=self.outputs, name=f"tw-{self.job_id}-r{round_}",
                           # What the agents check a standby's task by (proof.py).
                           env={TASK_TOKENS: " ".join(tokens)} if self.spec.preload else None)
@@ -304,7 +339,7 @@ class SlurmRuntime(ClusterJob):
                                            incarnations=((name, round_, start, token_digest(token)),)))
         # --overlap: the round's step holds its cores until every one of its tasks has ended.
         proc = self._call(self.slurm.launch_step, job.job_id, 1,
-                          [sys.executable, "-m", "trainwarden.runtime.slurm.task", str(path)],
+                          [self.python, "-m", "trainwarden.runtime.slurm.task", str(path)],
                           output_dir=self.outputs, name=f"tw-{self.job_id}-r{round_}-{name}-s{start}",
                           nodelist=[node], overlap=True, env={TASK_TOKENS: token} if self.spec.preload else None)
         if proc is None:
