@@ -58,7 +58,7 @@ def test_partial_lines_bad_bytes_and_exit(tmp_path):
 
 
 def test_huge_lines_are_truncated(tmp_path):
-    out = tmp_path / "o.out"
+    out = tmp_path / "7-step0-task0.out"
     out.write_bytes(b"x" * 100 + b"\n" + "é".encode() * 40 + b"\n")
     stem = start(tmp_path, out)
     files = TaskFiles(tmp_path, "n1", max_line_bytes=15)
@@ -76,7 +76,7 @@ def test_huge_lines_are_truncated(tmp_path):
 
 
 def test_other_nodes_bad_manifests_and_requeue_offset(tmp_path):
-    out0, out1 = tmp_path / "t0.out", tmp_path / "t1.out"
+    out0, out1 = tmp_path / "7-step0-task0.out", tmp_path / "7-step0-task1.out"
     out0.write_bytes(b"old run\nnew run\n")
     out1.write_bytes(b"other node\n")
     start(tmp_path, out0, restart=1, offset=len(b"old run\n"))
@@ -160,8 +160,8 @@ def test_task_forwards_sigterm_to_the_command_group(tmp_path):
     code = (
         "import signal, subprocess, sys, time\n"
         "kid = subprocess.Popen(['sleep', '60'])\n"  # a grandchild in the same group
-        "print(kid.pid, flush=True)\n"
         "signal.signal(signal.SIGTERM, lambda *a: (print('got term', flush=True), kid.wait(), sys.exit(7)))\n"
+        "print(kid.pid, flush=True)\n"  # only once the handler is in place: the test's SIGTERM follows at once
         "time.sleep(60)\n"
     )
     plan = write_plan(tmp_path, code)
@@ -214,3 +214,29 @@ def test_missing_command_exits_127_with_manifests(tmp_path):
     events = files.poll()
     assert isinstance(events[0], TaskStarted) and events[0].pid is None
     assert isinstance(events[-1], TaskExited) and events[-1].exit_code == 127
+
+
+def test_a_manifest_naming_a_file_that_is_not_its_tasks_output_is_refused(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("the signing key\n")
+    outputs, manifests = tmp_path / "outputs", tmp_path / "manifests"
+    outputs.mkdir()
+    manifests.mkdir()
+    start(manifests, secret)  # a job's user wrote this manifest: it names a file srun never wrote
+    files = TaskFiles(manifests, "n1", output_dir=outputs)
+    assert files.poll() == [] and files.rejected == 1
+
+
+def test_a_tasks_output_replaced_by_a_symbolic_link_is_not_followed(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("the signing key\n")
+    outputs, manifests = tmp_path / "outputs", tmp_path / "manifests"
+    outputs.mkdir()
+    manifests.mkdir()
+    out = outputs / "7-step0-task0.out"
+    out.symlink_to(secret)  # the job's user owns outputs/: it may plant a link under the right name
+    stem = start(manifests, out)
+    files = TaskFiles(manifests, "n1", output_dir=outputs)
+    assert [type(e).__name__ for e in files.poll()] == ["TaskStarted"]
+    manifest(manifests, f"{stem}.exit", exit_code=0)
+    assert lines_of(files.poll()) == []

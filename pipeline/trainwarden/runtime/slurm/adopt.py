@@ -54,7 +54,7 @@ class Adopted:
 class SlurmTasks:
     def __init__(self, directory: Path, node: str, clock: Callable[[], float], control_address: str):
         self.directory = Path(directory)
-        self.files = TaskFiles(self.directory / "manifests", node)
+        self.files = TaskFiles(self.directory / "manifests", node, output_dir=self.directory / "outputs")
         self.clock = clock
         self.node = node
         self.expected: dict[str, Incarnation] = {}  # token digest -> incarnation the actuator issued

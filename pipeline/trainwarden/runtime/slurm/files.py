@@ -5,17 +5,30 @@ not seen (only those of its node), tails each task's output file from where
 it left off (append mode: nothing is read twice; a requeued task starts at
 the offset its start manifest recorded), and reports the task's exit once
 its exit manifest exists and the output file is drained to its end.
+
+A manifest is written by the task, i.e. by the job's user: the output file it
+names is read (as root) only where srun writes a task's output, under the
+name srun gives it, never through a symbolic link, and only if it is a
+regular file, so that a job cannot have a file it may not read shipped as
+its own lines.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any, Optional, Union
 
 TRUNCATED = " …[line truncated]"
 _READ_CHUNK = 1 << 20
+
+
+def output_name(job_id: int, step_id: int, task_id: int) -> str:
+    """srun's ``%j-step%s-task%t.out`` (cli.STEP_OUTPUT) for one task."""
+    return f"{job_id}-step{step_id}-task{task_id}.out"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +114,13 @@ def _int(data: dict[str, Any], key: str, default: Optional[int] = None) -> int:
 class TaskFiles:
     """Follows the tasks task.py runs on ``node``, from its manifests in manifest_dir."""
 
-    def __init__(self, manifest_dir: Path, node: str, *, max_line_bytes: int = 16384):
+    def __init__(self, manifest_dir: Path, node: str, *, max_line_bytes: int = 16384,
+                 output_dir: Optional[Path] = None):
+        """output_dir: where srun writes the tasks' output; a manifest naming
+        a file elsewhere is refused (None: the manifest's own directory's
+        sibling is not checked, for tests of one directory)."""
         self.manifest_dir = Path(manifest_dir)
+        self.output_dir = Path(output_dir) if output_dir is not None else None
         self.node = node
         self.max_line_bytes = max_line_bytes
         self.rejected = 0  # manifests that could not be read or lacked fields
@@ -162,10 +180,15 @@ class TaskFiles:
             node, instance, output = data.get("node"), data.get("instance"), data.get("output")
             if not all(isinstance(v, str) and v for v in (node, instance, output)):
                 raise ValueError("node/instance/output")
+            job_id, step_id, task_id = _int(data, "job_id"), _int(data, "step_id"), _int(data, "task_id")
+            named = Path(output)
+            if named.name != output_name(job_id, step_id, task_id) or (
+                    self.output_dir is not None and os.path.realpath(named.parent) != os.path.realpath(self.output_dir)):
+                raise ValueError("output")  # not the file srun writes for this task
             started = TaskStarted(
-                job_id=_int(data, "job_id"),
-                step_id=_int(data, "step_id"),
-                task_id=_int(data, "task_id"),
+                job_id=job_id,
+                step_id=step_id,
+                task_id=task_id,
                 node=node,
                 instance=instance,
                 pid=pid,
@@ -198,7 +221,11 @@ class TaskFiles:
     def _read_lines(self, tail: _Tail, *, final: bool) -> list[str]:
         data = bytearray()
         try:
-            with open(tail.path, "rb") as f:
+            fd = os.open(tail.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError("not a regular file")
+            with os.fdopen(fd, "rb") as f:
                 f.seek(tail.offset)
                 while True:
                     chunk = f.read(_READ_CHUNK)

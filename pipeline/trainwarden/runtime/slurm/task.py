@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from trainwarden.runtime.slurm import handoff
+from trainwarden.runtime.slurm.files import output_name
 from trainwarden.runtime.slurm.parse import expand_hostlist, parse_nodes, torch_env_from_slurm
 from trainwarden.runtime.slurm.proof import can_prove
 from trainwarden.runtime.standby import python_invocation
@@ -66,11 +67,6 @@ def manifest_stem(job_id: int, step_id: int, task_id: int, restart: int = 0) -> 
     """``12.0.1`` (``12.0.1.r2`` after the second requeue): the manifests' common name."""
     stem = f"{job_id}.{step_id}.{task_id}"
     return f"{stem}.r{restart}" if restart else stem
-
-
-def output_name(job_id: int, step_id: int, task_id: int) -> str:
-    """srun's ``%j-step%s-task%t.out`` (cli.STEP_OUTPUT) for one task."""
-    return f"{job_id}-step{step_id}-task{task_id}.out"
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
