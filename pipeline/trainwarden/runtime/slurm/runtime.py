@@ -281,14 +281,18 @@ class SlurmRuntime(ClusterJob):
         proc = self._call(self.slurm.launch_step, job.job_id, len(plan_instances),
                           [sys.executable, "-m", "trainwarden.runtime.slurm.task", str(path)],
                           output_dir=self.outputs, name=f"tw-{self.job_id}-r{round_}",
-                          # What the agents check a standby's task by (proof.py).
-                          env={TASK_TOKENS: " ".join(tokens)} if self.spec.preload else None)
+                          # What the agents check a task's wrapper by (proof.py): a
+                          # standby, or an instance gone before its agent looked.
+                          env={TASK_TOKENS: " ".join(tokens)})
         if proc is None:
             self.pending = launch  # tried again next turn
         else:
             self.steps.append(_Step(proc, set(launch)))
             self.launched.update(launch)
             self.run_seen = job
+            for index, name in enumerate(self.instance_names):
+                if index < len(job.nodes):  # one task per node, in the allocation's node order
+                    self._placed(name, job.nodes[index])
 
     def _launch_alone(self, job, name: str) -> None:
         """One instance restarted while the others run: the one task of a step of its own."""
@@ -306,12 +310,19 @@ class SlurmRuntime(ClusterJob):
         proc = self._call(self.slurm.launch_step, job.job_id, 1,
                           [sys.executable, "-m", "trainwarden.runtime.slurm.task", str(path)],
                           output_dir=self.outputs, name=f"tw-{self.job_id}-r{round_}-{name}-s{start}",
-                          nodelist=[node], overlap=True, env={TASK_TOKENS: token} if self.spec.preload else None)
+                          nodelist=[node], overlap=True, env={TASK_TOKENS: token})
         if proc is None:
             self.pending[name] = (round_, start)
         else:
             self.steps.append(_Step(proc, {name}))
             self.launched.add(name)
+            self._placed(name, node)
+
+    def _placed(self, name: str, node: str) -> None:
+        """Where Slurm runs the task just launched: a stop (or a node's loss)
+        that comes before its agent's first heartbeat still finds it there.
+        The heartbeats say where it really runs (heard)."""
+        self.port.cluster.placement.setdefault(self.job_id, {})[name] = node
 
     def _node_for(self, job, name: str) -> Optional[str]:
         """Where a lone restart runs: where the instance ran (its task's node
