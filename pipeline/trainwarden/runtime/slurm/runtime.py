@@ -20,7 +20,9 @@ for their own instances.
   (parse.round_task_env), so its rank, world size and master are the
   round's.
 - Isolating a node drains it (``Reason`` says why, from Trainwarden); the
-  next round excludes it. ``trainwarden nodes uncordon`` resumes it.
+  next round excludes it. ``trainwarden nodes uncordon`` resumes it. While
+  the allocation waits to run again, it excludes exactly the nodes to
+  avoid now: one avoided only for a moment is allowed again.
 - A node Slurm reports down while it holds the job's tasks is node loss.
 - Slurm taking the allocation back while its nodes are up (a higher
   priority job preempted it: requeued, or ended with PREEMPTED; or an
@@ -233,6 +235,12 @@ class SlurmRuntime(ClusterJob):
                 self._call(self.slurm.requeue_now, self.allocation, exclude=avoid)
                 return None
             return job
+        if job.state is JobState.PENDING and set(job.excluded) != set(avoid):
+            # What to avoid changed while it waits: a node avoided when it was
+            # requeued only for a moment (Slurm says a node it just resumed is
+            # not responding until its next ping) would keep it pending for
+            # ever once too few nodes are left to it ("BadConstraints").
+            self._call(self.slurm.exclude, self.allocation, avoid)
         if job.state in (JobState.PENDING, JobState.REQUEUED) and "BeginTime" in job.reason:
             # Slurm's own requeue (a node failed) holds the job for about 120 s.
             self._call(self.slurm.run, ["scontrol", "update", f"jobid={self.allocation}", "StartTime=now"])
