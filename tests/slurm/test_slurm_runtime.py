@@ -115,7 +115,10 @@ def test_a_node_whose_slurmd_is_killed_is_lost_and_the_job_goes_on_on_the_others
     proc = _submit(services, job_id, tmp_path, "--enable-job-restart=True", "--steps", "400", "--step-s", "0.2")
     wait_for(lambda: _node_of(services, job_id, "worker-1", 0), 60, "worker-1 running")
     victim = _node_of(services, job_id, "worker-1", 0)
-    subprocess.run([str(SLURM_SCRIPT), "kill-node", victim], check=True, capture_output=True, timeout=30)
+    # The cluster of SLURM_CONF, not the one of local-slurm's default port base (another session's).
+    cluster = {**os.environ, "SLURM_DIR": os.path.dirname(os.environ["SLURM_CONF"])}
+    subprocess.run([str(SLURM_SCRIPT), "kill-node", victim], check=True, capture_output=True, timeout=30,
+                   env=cluster)
     killed_at = time.time()
     try:
         # Slurm says the node is down after SlurmdTimeout (30 s); the job's next round runs elsewhere.
@@ -123,7 +126,8 @@ def test_a_node_whose_slurmd_is_killed_is_lost_and_the_job_goes_on_on_the_others
                  150, "round 1 running")
         assert time.time() - killed_at < 150
     finally:
-        subprocess.run([str(SLURM_SCRIPT), "restart-node", victim], check=False, capture_output=True, timeout=60)
+        subprocess.run([str(SLURM_SCRIPT), "restart-node", victim], check=False, capture_output=True, timeout=60,
+                       env=cluster)
     out = _finish(services, proc, timeout=300)
     round1 = _resumed_on(out, 1)
     assert len(round1) == 2 and victim not in round1.values(), (victim, round1)
