@@ -87,3 +87,51 @@ def test_a_reconciling_stop_during_a_hangs_stack_dump_leaves_the_processes_to_th
     finally:
         nodes.close()
         agent.close(grace_s=2.0)
+
+
+def test_a_stop_of_an_adopted_slurm_task_reaches_it_after_a_newer_incarnation_was_adopted_beside_it(tmp_path):
+    # A lone restart's task (srun --overlap) can start, and be adopted, while
+    # the incarnation it replaces is still being stopped (a hang's stack dump
+    # first) or before the actuator's reconciling stop of it arrives.
+    import subprocess
+
+    from trainwarden.bus.messages import ExpectTasks
+    from trainwarden.runtime.slurm.adopt import token_digest
+    from trainwarden.runtime.slurm.task import write_json_atomic
+
+    bus = MemoryBus()
+    bus.create_topics(topic_specs(1))
+    site = tmp_path / "slurm"
+    agent = Agent(bus, "n1", 2, tmp_path / "logs", address="127.0.0.1", slurm_dir=site)
+    tasks: list[subprocess.Popen] = []
+
+    def task(step: int, start: int, token: str) -> subprocess.Popen:
+        proc = subprocess.Popen(["sleep", "600"], env={"PATH": os.environ["PATH"], "TRAINWARDEN_TOKEN": token},
+                                start_new_session=True)
+        tasks.append(proc)
+        _send(bus, ExpectTasks(node="*", job_id=JOB, slurm_job=5,
+                               incarnations=(("worker-0", 0, start, token_digest(token)),)))
+        output = site / "outputs" / f"5-step{step}-task0.out"
+        for directory in (output.parent, site / "manifests"):
+            directory.mkdir(parents=True, exist_ok=True)
+        output.touch()
+        write_json_atomic(site / "manifests" / f"5.{step}.0.start.json", {
+            "job_id": 5, "step_id": step, "task_id": 0, "node": "n1", "instance": "worker-0",
+            "output": str(output), "pid": proc.pid, "output_offset": 0})
+        return proc
+
+    try:
+        _run_until(agent, agent.ready, 10)
+        old = task(0, 0, "tok-old")
+        _run_until(agent, lambda: agent.running.get((JOB, "worker-0")), 10)
+        new = task(1, 1, "tok-new")
+        _run_until(agent, lambda: agent.running[(JOB, "worker-0")].start == 1, 10)
+        _send(bus, StopInstances(node="n1", job_id=JOB, action_id="reconcile", instances=("worker-0",),
+                                 grace_s=2.0, incarnations=(("worker-0", 0, 0),)))
+        _run_until(agent, lambda: old.poll() is not None, 15)
+        assert new.poll() is None  # the newer incarnation runs on
+    finally:
+        agent.close(grace_s=2.0)
+        for proc in tasks:
+            proc.kill()
+            proc.wait()

@@ -397,7 +397,8 @@ class Agent:
             try:
                 # Each instance's own process: one a standby became carries no token in its environ.
                 roots = {name: r.pid if r.adopted else (runtime.pid(name) if runtime is not None else None)
-                         for name in tokens if (r := self.running.get((command.job_id, name))) is not None}
+                         for name in tokens
+                         if (r := self._incarnation(command.job_id, name, targets[name])) is not None}
                 dumps, missing = dump_instances(tokens, tools, timeout, roots=roots)
             except Exception as exc:  # noqa: BLE001 - a failed dump must not keep the instances alive
                 dumps, missing = [], [f"{self.node}: stack dump failed: {exc!r}"]
@@ -407,8 +408,10 @@ class Agent:
                     dumps_json=dumps_to_json(dumps), missing=tuple(missing))))
             except BusError:
                 pass  # the report will say this node's dumps are missing
-        tasks = {name: r.pid for name in names if (r := self.running.get((command.job_id, name))) is not None
-                 and r.adopted and (r.round, r.start) == targets.get(name)}
+        # The targeted incarnation, even one a newer task of its instance
+        # replaced meanwhile (a lone restart's step overlaps the old one's).
+        tasks = {name: r.pid for name in names if name in targets
+                 and (r := self._incarnation(command.job_id, name, targets[name])) is not None and r.adopted}
         if tasks and self.slurm is not None:
             self.slurm.stop(list(tasks.values()), command.grace_s)
         own = [name for name in names if name not in tasks]

@@ -11,7 +11,12 @@ another job's instance by writing a manifest. The SDK endpoint then accepts
 that token for that incarnation. A standby that became the instance
 (standby_host.py) was executed before any token existed: its task wrapper's
 token counts, once the kernel shows that the standby holds the wrapper's
-own stdin, stdout and stderr (proof.py).
+own stdin, stdout and stderr (proof.py). An instance whose process is gone
+before the agent looked (it ended at once, or never started) is vouched
+for by its task wrapper, which waits for the agent's word before it exits
+(``files.adopted_name``): a task's exit is never lost to the agent's pace.
+A task is followed (its lines, its exit) only once adopted: one announced
+late loses nothing.
 """
 
 from __future__ import annotations
@@ -26,12 +31,19 @@ from typing import Callable, Optional
 
 from trainwarden.events import InstanceExited, InstanceStarted, LogLine, Stream
 from trainwarden.runtime.control import Incarnation
-from trainwarden.runtime.slurm.files import TaskExited, TaskFiles, TaskKey, TaskLines, TaskStarted
-from trainwarden.runtime.slurm.proof import standby_token, token_of
+from trainwarden.runtime.slurm.files import (
+    ADOPTION_WAIT_S,
+    TaskExited,
+    TaskFiles,
+    TaskKey,
+    TaskLines,
+    TaskStarted,
+)
+from trainwarden.runtime.slurm.proof import standby_token, token_of, wrapper_token
 
 # A task can start before its announcement arrives (the bus and the
 # manifest directory race); after this long it is not ours to follow.
-UNANNOUNCED_S = 30.0
+UNANNOUNCED_S = ADOPTION_WAIT_S
 
 
 def token_digest(token: str) -> str:
@@ -79,13 +91,11 @@ class SlurmTasks:
         retry, self._waiting = self._waiting, []
         for since, started in retry:
             self._start(started, since, now, out)
-        for event in self.files.poll():
-            if isinstance(event, TaskStarted):
-                self._start(event, now, now, out)
-                continue
-            adopted = self.adopted.get(event.key)
-            if adopted is None:
-                continue  # not announced: not followed
+        for started in self.files.starts():
+            self._start(started, now, now, out)
+        # Only adopted tasks are followed: a task waiting for its announcement keeps its lines and exit.
+        for event in self.files.progress(follow=lambda key: key in self.adopted):
+            adopted = self.adopted[event.key]
             inc = adopted.incarnation
             if isinstance(event, TaskLines):
                 out.extend(LogLine(job_id=inc.job_id, time=now, instance=inc.instance, round=inc.round,
@@ -97,22 +107,25 @@ class SlurmTasks:
         return out
 
     def _start(self, started: TaskStarted, since: float, now: float, out: list) -> None:
-        token = _token(started)
+        token, pid = _token(started)
         incarnation = self.expected.get(token_digest(token)) if token else None
         if incarnation is None or incarnation.instance != started.instance:
             if now - since < UNANNOUNCED_S and started.key not in self.adopted:
                 self._waiting.append((since, started))
             else:
                 self.refused += 1
+                if started.key not in self.adopted:
+                    self.files.forget(started.key)
             return
-        adopted = self.adopted[started.key] = Adopted(incarnation, token, started.pid or 0, started.key)
+        adopted = self.adopted[started.key] = Adopted(incarnation, token, pid, started.key)
+        self.files.mark_adopted(started.key)
         out.append(("adopt", adopted))
         out.append(InstanceStarted(job_id=incarnation.job_id, time=now, instance=incarnation.instance,
-                                   round=incarnation.round, start=incarnation.start, node=self.node,
-                                   pid=started.pid or 0))
+                                   round=incarnation.round, start=incarnation.start, node=self.node, pid=pid))
 
     def stop(self, pids: list[int], grace_s: float) -> None:
         """SIGTERM to each task's process group, SIGKILL to what is left after the grace period."""
+        pids = [pid for pid in pids if pid > 0]  # 0: an instance already gone when adopted
         for pid in pids:
             _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -123,13 +136,21 @@ class SlurmTasks:
                 _signal_group(pid, signal.SIGKILL)
 
 
-def _token(started: TaskStarted) -> Optional[str]:
-    """The incarnation token that vouches for the manifest's pid."""
-    if not started.pid:
-        return None
-    if started.task_pid is not None:
-        return standby_token(started.task_pid, started.pid)
-    return token_of(started.pid)
+def _token(started: TaskStarted) -> tuple[Optional[str], int]:
+    """The incarnation token that vouches for the manifest's pid, and the
+    pid to follow: 0 when the instance's process is gone already (nothing
+    to signal or dump; a pid reused since must never be)."""
+    if started.pid:
+        token = token_of(started.pid)
+        if token is None and started.task_pid is not None:
+            token = standby_token(started.task_pid, started.pid)
+        if token is not None:
+            return token, started.pid
+        if _alive(started.pid):
+            return None, started.pid  # a process that cannot prove itself
+    if started.task_pid is None:
+        return None, 0
+    return wrapper_token(started.task_pid, started.job_id, started.step_id, started.task_id), 0
 
 
 def _signal_group(pid: int, sig: int) -> None:

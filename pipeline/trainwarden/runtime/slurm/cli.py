@@ -338,6 +338,10 @@ class SlurmCli:
             raise SlurmError(f"job {job_id} vanished right after its requeue; was it cancelled?")
         return job
 
+    def exclude(self, job_id: int, nodes: Sequence[str]) -> None:
+        """The nodes a pending job must not get (its ExcNodeList), exactly these: none clears it."""
+        self.run(["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={compress_hostlist(list(nodes))}"])
+
     # ------------------------------------------------------------ reading
 
     def _show(self, kind: str, ident: str) -> str:

@@ -4,7 +4,12 @@ One TaskFiles per node agent: each poll() reads the start manifests it has
 not seen (only those of its node), tails each task's output file from where
 it left off (append mode: nothing is read twice; a requeued task starts at
 the offset its start manifest recorded), and reports the task's exit once
-its exit manifest exists and the output file is drained to its end.
+its exit manifest exists and the output file is drained to its end. The
+agent follows a task only once it has adopted it (adopt.py): until then its
+output and exit wait in their files, so that a task adopted late (its
+announcement came after its start) loses nothing; once adopted, the agent
+says so to the task's wrapper by a marker beside its manifests, which the
+wrapper waits for before it exits (task.py).
 
 A manifest is written by the task, i.e. by the job's user: the output file it
 names is read (as root) only where srun writes a task's output, under the
@@ -20,10 +25,18 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 TRUNCATED = " …[line truncated]"
 _READ_CHUNK = 1 << 20
+# A task not adopted this long after its start manifest appeared never will
+# be (it was not announced: not ours to follow); its wrapper waits no longer.
+ADOPTION_WAIT_S = 30.0
+
+
+def adopted_name(stem: str) -> str:
+    """The marker an agent leaves beside a task's manifests once it adopted the task."""
+    return f"{stem}.adopted"
 
 
 def output_name(job_id: int, step_id: int, task_id: int) -> str:
@@ -133,8 +146,13 @@ class TaskFiles:
         """Tasks started whose exit has not been reported yet."""
         return list(self._tails)
 
-    def poll(self) -> list[TaskEvent]:
-        events: list[TaskEvent] = []
+    def poll(self, follow: Optional[Callable[[TaskKey], bool]] = None) -> list[TaskEvent]:
+        """New tasks, then the lines and exits of the tasks ``follow`` accepts (all without it)."""
+        return [*self.starts(), *self.progress(follow)]
+
+    def starts(self) -> list[TaskStarted]:
+        """The tasks of this node whose start manifest appeared since the last call."""
+        events: list[TaskStarted] = []
         for path in sorted(self.manifest_dir.glob("*.start.json")):
             if path.name in self._seen:
                 continue
@@ -146,7 +164,14 @@ class TaskFiles:
             stem = path.name[: -len(".start.json")]
             self._tails[started.key] = _Tail(started, Path(started.output), stem, offset)
             events.append(started)
+        return events
+
+    def progress(self, follow: Optional[Callable[[TaskKey], bool]] = None) -> list[TaskEvent]:
+        """New lines and exits of the tasks ``follow`` accepts; the others' wait in their files."""
+        events: list[TaskEvent] = []
         for key, tail in list(self._tails.items()):
+            if follow is not None and not follow(key):
+                continue
             # Exit first, then read: whatever the command wrote is in the file by then.
             exit_code = self._read_exit(tail)
             lines = self._read_lines(tail, final=exit_code is not None)
@@ -157,6 +182,20 @@ class TaskFiles:
                 events.append(TaskExited(s.job_id, s.step_id, s.task_id, s.instance, exit_code, s.restart))
                 del self._tails[key]
         return events
+
+    def forget(self, key: TaskKey) -> None:
+        """A task not to follow (never adopted): its files are left alone from now on."""
+        self._tails.pop(key, None)
+
+    def mark_adopted(self, key: TaskKey) -> None:
+        """Tell the task's wrapper that its agent follows it: it need not wait any longer."""
+        tail = self._tails.get(key)
+        if tail is None:
+            return
+        try:
+            (self.manifest_dir / adopted_name(tail.stem)).touch()
+        except OSError:
+            pass  # the wrapper waits ADOPTION_WAIT_S at most
 
     # ------------------------------------------------------------ manifests
 

@@ -29,9 +29,10 @@ MESSAGE_MAX = 4 << 20  # an instance's environment, command line and working dir
 STREAMS = 3  # stdin, stdout, stderr
 # The shell wrapper runtime.py puts around a job's command when it has a workdir.
 WORKDIR_SCRIPT = 'cd "$0" && exec "$@"'
-# Every task of a preloading step carries every task's token (in task order)
-# in the environment srun starts it with: what the agent reads from
-# /proc/PID/environ to know which incarnation a standby became (adopt.py).
+# Every task of a step carries every task's token (in task order) in the
+# environment srun starts it with: what the agent reads from
+# /proc/PID/environ to know which incarnation a standby became, or an
+# instance that ended before the agent looked (adopt.py, proof.py).
 TASK_TOKENS = "TRAINWARDEN_TASK_TOKENS"
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 

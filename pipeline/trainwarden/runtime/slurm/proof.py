@@ -13,6 +13,13 @@ runs with T's user ids and leads its own session and process group, which
 the agent signals. A job can thus make an agent adopt only a process that
 it started or handed its own descriptors to, of its own user, as before
 with the token.
+
+An instance whose process is gone before its agent looked (a command that
+ends at once, or never starts) has no environ left to prove anything; its
+task wrapper, executed with the step's tokens as above, vouches for it
+instead when its own environment says it is that very task of that very
+step (``wrapper_token``), and waits for its agent before it exits
+(task.py), so that the proof outlives the instance.
 """
 
 from __future__ import annotations
@@ -70,7 +77,10 @@ def token_of(pid: int) -> Optional[str]:
 
 def task_token(task_pid: int) -> Optional[str]:
     """A task wrapper's own token: the one at its SLURM_PROCID among the step's tokens it was executed with."""
-    environ = _environ(task_pid)
+    return _own_token(_environ(task_pid))
+
+
+def _own_token(environ: dict[bytes, bytes]) -> Optional[str]:
     tokens, procid = environ.get(TASK_TOKENS.encode()), environ.get(b"SLURM_PROCID", b"")
     if tokens is None or not procid.isdigit():
         return None
@@ -112,3 +122,20 @@ def standby_token(task_pid: int, pid: int) -> Optional[str]:
     if not all(same_open_file(task_pid, fd, pid, fd) for fd in range(STREAMS)):
         return None
     return token
+
+
+def wrapper_token(task_pid: int, job_id: int, step_id: int, task_id: int) -> Optional[str]:
+    """The token of the task wrapper ``task_pid`` when srun started it as
+    task ``task_id`` of step ``job_id.step_id`` (its environment says so);
+    else None. What vouches for an instance whose own process is gone
+    before the agent looked (it ended at once, or never started): its
+    wrapper waits for the agent (task.py), and only that very task's
+    wrapper can vouch for that task's manifest."""
+    if task_pid <= 0:
+        return None
+    environ = _environ(task_pid)
+    step = environ.get(b"SLURM_STEP_ID", environ.get(b"SLURM_STEPID"))
+    if (environ.get(b"SLURM_JOB_ID"), step, environ.get(b"SLURM_PROCID")) != (
+            str(job_id).encode(), str(step_id).encode(), str(task_id).encode()):
+        return None
+    return _own_token(environ)

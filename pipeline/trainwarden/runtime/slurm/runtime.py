@@ -20,7 +20,9 @@ for their own instances.
   (parse.round_task_env), so its rank, world size and master are the
   round's.
 - Isolating a node drains it (``Reason`` says why, from Trainwarden); the
-  next round excludes it. ``trainwarden nodes uncordon`` resumes it.
+  next round excludes it. ``trainwarden nodes uncordon`` resumes it. While
+  the allocation waits to run again, it excludes exactly the nodes to
+  avoid now: one avoided only for a moment is allowed again.
 - A node Slurm reports down while it holds the job's tasks is node loss.
 - Slurm taking the allocation back while its nodes are up (a higher
   priority job preempted it: requeued, or ended with PREEMPTED; or an
@@ -263,6 +265,12 @@ class SlurmRuntime(ClusterJob):
                 self._call(self.slurm.requeue_now, self.allocation, exclude=avoid)
                 return None
             return job
+        if job.state is JobState.PENDING and set(job.excluded) != set(avoid):
+            # What to avoid changed while it waits: a node avoided when it was
+            # requeued only for a moment (Slurm says a node it just resumed is
+            # not responding until its next ping) would keep it pending for
+            # ever once too few nodes are left to it ("BadConstraints").
+            self._call(self.slurm.exclude, self.allocation, avoid)
         if job.state in (JobState.PENDING, JobState.REQUEUED) and "BeginTime" in job.reason:
             # Slurm's own requeue (a node failed) holds the job for about 120 s.
             self._call(self.slurm.run, ["scontrol", "update", f"jobid={self.allocation}", "StartTime=now"])
@@ -316,14 +324,18 @@ class SlurmRuntime(ClusterJob):
         proc = self._call(self.slurm.launch_step, job.job_id, len(plan_instances),
                           [self.python, "-m", "trainwarden.runtime.slurm.task", str(path)],
                           output_dir=self.outputs, name=f"tw-{self.job_id}-r{round_}",
-                          # What the agents check a standby's task by (proof.py).
-                          env={TASK_TOKENS: " ".join(tokens)} if self.spec.preload else None)
+                          # What the agents check a task's wrapper by (proof.py): a
+                          # standby, or an instance gone before its agent looked.
+                          env={TASK_TOKENS: " ".join(tokens)})
         if proc is None:
             self.pending = launch  # tried again next turn
         else:
             self.steps.append(_Step(proc, set(launch)))
             self.launched.update(launch)
             self.run_seen = job
+            for index, name in enumerate(self.instance_names):
+                if index < len(job.nodes):  # one task per node, in the allocation's node order
+                    self._placed(name, job.nodes[index])
 
     def _launch_alone(self, job, name: str) -> None:
         """One instance restarted while the others run: the one task of a step of its own."""
@@ -341,12 +353,19 @@ class SlurmRuntime(ClusterJob):
         proc = self._call(self.slurm.launch_step, job.job_id, 1,
                           [self.python, "-m", "trainwarden.runtime.slurm.task", str(path)],
                           output_dir=self.outputs, name=f"tw-{self.job_id}-r{round_}-{name}-s{start}",
-                          nodelist=[node], overlap=True, env={TASK_TOKENS: token} if self.spec.preload else None)
+                          nodelist=[node], overlap=True, env={TASK_TOKENS: token})
         if proc is None:
             self.pending[name] = (round_, start)
         else:
             self.steps.append(_Step(proc, {name}))
             self.launched.add(name)
+            self._placed(name, node)
+
+    def _placed(self, name: str, node: str) -> None:
+        """Where Slurm runs the task just launched: a stop (or a node's loss)
+        that comes before its agent's first heartbeat still finds it there.
+        The heartbeats say where it really runs (heard)."""
+        self.port.cluster.placement.setdefault(self.job_id, {})[name] = node
 
     def _node_for(self, job, name: str) -> Optional[str]:
         """Where a lone restart runs: where the instance ran (its task's node

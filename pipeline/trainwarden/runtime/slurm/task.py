@@ -16,7 +16,8 @@ what torchrun's variables are derived from (manifests and output keep the
 real step's ids). Before the command starts it writes the start manifest
 ``<job>.<step>.<task>.start.json`` (``...<task>.r<N>.start.json`` after the
 job's Nth requeue, since step ids start at 0 again), and when the command has
-ended the exit manifest ``....exit.json``; both atomically. The command runs
+ended the exit manifest ``....exit.json``; both atomically, with this
+wrapper's own pid as ``task_pid``. The command runs
 in its own process group with this process's stdout/stderr (srun's per-task
 file); SIGTERM, SIGINT and SIGHUP are forwarded to that group. The wrapper
 exits with the command's code, 128+N when signal N ended it; 2 on a bad plan,
@@ -30,6 +31,14 @@ stdin, stdout and stderr, writes the standby's pid in the start manifest
 proof.py), forwards signals to the standby's group and waits for the exit
 code the host reports. Without a host, or whenever the hand-over fails, the
 command starts as an ordinary process, and the wrapper says once why.
+
+A wrapper srun started with the step's tokens (``handoff.TASK_TOKENS``: a
+node agent adopts the task, adopt.py) is what proves the task to the agent
+when the instance's own process is gone before the agent looked (proof.py):
+once the command has ended, it waits until the agent has adopted the task
+(the marker ``files.adopted_name``), at most ``files.ADOPTION_WAIT_S``,
+before it exits. A command that ends at once is thus never lost to the
+agent's pace.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from trainwarden.runtime.slurm import handoff
-from trainwarden.runtime.slurm.files import output_name
+from trainwarden.runtime.slurm.files import ADOPTION_WAIT_S, adopted_name, output_name
 from trainwarden.runtime.slurm.parse import expand_hostlist, parse_nodes, torch_env_from_slurm
 from trainwarden.runtime.slurm.proof import can_prove
 from trainwarden.runtime.standby import python_invocation
@@ -57,6 +66,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 BAD_PLAN = 2
 CANNOT_START = 127
 HOST_ANSWER_S = 30.0  # a host never waits for imports: it answers at once, or is stuck
+ADOPTED_POLL_S = 0.05  # how often a wrapper whose command ended looks for its agent's marker
 
 
 class PlanError(ValueError):
@@ -240,6 +250,18 @@ def hand_to_standby(inst: Mapping[str, Any], env: dict, job_id: int, restart: in
     return Standby(conn, reader, pid), ""
 
 
+def wait_for_agent(manifest_dir: Path, stem: str, environ: Mapping[str, str]) -> None:
+    """Once the command has ended: stay until this task's agent has adopted
+    it (at most ADOPTION_WAIT_S), when srun gave this wrapper the tokens an
+    agent proves the task by. Past the command's end, only this process can."""
+    if handoff.TASK_TOKENS not in environ:
+        return  # no agent adopts this task
+    marker = manifest_dir / adopted_name(stem)
+    deadline = time.monotonic() + ADOPTION_WAIT_S
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(ADOPTED_POLL_S)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     environ = dict(os.environ)
@@ -287,6 +309,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "node": environ.get("SLURMD_NODENAME", ""),
         "instance": inst["name"],
         "output": str(output),
+        "task_pid": os.getpid(),  # what vouches for the instance once its process is gone (proof.py)
     }
     try:
         manifest_dir.mkdir(parents=True, exist_ok=True)
@@ -315,12 +338,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         if standby is not None:
             target.append(standby.pid)
             write_json_atomic(manifest_dir / f"{stem}.start.json", {
-                **base, "pid": standby.pid, "task_pid": os.getpid(), "output_offset": offset,
-                "started_at": time.time()})
+                **base, "pid": standby.pid, "output_offset": offset, "started_at": time.time()})
             for signum in pending:
                 forward(signum, None)
             code = standby.wait()
             write_json_atomic(manifest_dir / f"{stem}.exit.json", {**base, "exit_code": code, "ended_at": time.time()})
+            wait_for_agent(manifest_dir, stem, environ)
             return 128 - code if code < 0 else code
         print(f"{PROG}: --preload: {why}; this instance starts as an ordinary process", file=sys.stderr, flush=True)
 
@@ -333,6 +356,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.stderr.flush()
         write_json_atomic(manifest_dir / f"{stem}.start.json", {**base, "pid": None, "output_offset": offset, "started_at": time.time()})
         write_json_atomic(manifest_dir / f"{stem}.exit.json", {**base, "exit_code": CANNOT_START, "ended_at": time.time()})
+        wait_for_agent(manifest_dir, stem, environ)
         return CANNOT_START
     target.append(child.pid)
     write_json_atomic(
@@ -342,6 +366,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         forward(signum, None)
     code = child.wait()
     write_json_atomic(manifest_dir / f"{stem}.exit.json", {**base, "exit_code": code, "ended_at": time.time()})
+    wait_for_agent(manifest_dir, stem, environ)
     return 128 - code if code < 0 else code
 
 
