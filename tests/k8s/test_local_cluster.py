@@ -3,9 +3,10 @@ nodes, pods running this repository's Python with torch, the pods' logs
 through the API and in the kubelets' CRI log files, their processes on this
 host under their real PIDs.
 
-Opt-in (see conftest.py). ``test_stop_leaves_no_process_mount_or_cgroup``
-starts and stops a second cluster of its own (another K8S_DIR and port
-base; the shared one is untouched): only with TRAINWARDEN_K8S_STOP_TEST=1.
+Opt-in (see conftest.py). The last test starts a second cluster of its own
+(another K8S_DIR and port base; the shared one is untouched), kills and
+restarts one of its kubelets, and stops it: only with
+TRAINWARDEN_K8S_STOP_TEST=1.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def test_local_k8s_status_says_the_cluster_and_both_nodes_run():
 
 @pytest.mark.skipif(os.environ.get("TRAINWARDEN_K8S_STOP_TEST") != "1",
                     reason="starts and stops a second local cluster (~1 min): set TRAINWARDEN_K8S_STOP_TEST=1")
-def test_stop_leaves_no_process_mount_or_cgroup():
+def test_kill_node_makes_a_node_not_ready_restart_node_returns_it_and_stop_leaves_nothing_behind():
     port_base = int(os.environ.get("TRAINWARDEN_K8S_STOP_TEST_PORT_BASE", "16700"))
     with tempfile.TemporaryDirectory(prefix="trainwarden-k8s-stoptest-") as tmp:
         env = {**os.environ, "K8S_DIR": f"{tmp}/k8s", "K8S_PORT_BASE": str(port_base)}
@@ -121,6 +122,7 @@ def test_stop_leaves_no_process_mount_or_cgroup():
             assert started.returncode == 0, started.stderr
             kubeconfig = started.stdout.strip().removeprefix("export KUBECONFIG=")
             _run_a_pod_on_each_node(kubeconfig)
+            _lose_and_regain_a_node(env, kubeconfig, NODES[1])
         finally:
             stopped = subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=300)
         assert stopped.returncode == 0, stopped.stderr
@@ -142,6 +144,24 @@ def _run_a_pod_on_each_node(kubeconfig: str) -> None:
         client.create(workload_pod(f"left-{node}", "import time; time.sleep(600)", node=node), namespace="default")
     for node in NODES:
         wait_for_pod(client, f"left-{node}", "default", pod_is_running)
+    client.close()
+
+
+def _lose_and_regain_a_node(env: dict[str, str], kubeconfig: str, node: str) -> None:
+    """kill-node: the kubelet dies, the node goes NotReady (K8S_NODE_GRACE); restart-node: Ready again."""
+    from lightkube import Client, KubeConfig
+
+    client = Client(KubeConfig.from_file(kubeconfig))
+
+    def ready() -> str:
+        return {c.type: c.status for c in client.get(Node, node).status.conditions}["Ready"]
+
+    killed = subprocess.run([str(SCRIPT), "kill-node", node], env=env, capture_output=True, text=True, timeout=30)
+    assert killed.returncode == 0, killed.stderr
+    wait_until(lambda: ready() != "True", 60, f"{node} NotReady after its kubelet was killed")
+    restarted = subprocess.run([str(SCRIPT), "restart-node", node], env=env, capture_output=True, text=True, timeout=200)
+    assert restarted.returncode == 0, restarted.stderr
+    assert ready() == "True"
     client.close()
 
 
