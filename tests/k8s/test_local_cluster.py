@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.k8s.conftest import (
+    SKIP_REASON,
     NODES,
     SCRIPT,
     local_k8s_dir,
@@ -32,7 +33,7 @@ from tests.k8s.conftest import (
     workload_pod,
 )
 
-if os.environ.get("TRAINWARDEN_K8S") == "1" and os.environ.get("KUBECONFIG"):
+if SKIP_REASON is None:
     from lightkube.resources.core_v1 import Node
 
 

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from tests.k8s.conftest import (
+    SKIP_REASON,
     NODES,
     ROOT,
     WORKLOAD_IMAGE,
@@ -39,7 +40,7 @@ SERVICE_ACCOUNT = ("trainwarden", "trainwarden-actuator")
 JOBS_NAMESPACE = "trainwarden-jobs"
 CAP_SYS_PTRACE = 19
 
-if os.environ.get("TRAINWARDEN_K8S") == "1" and os.environ.get("KUBECONFIG"):
+if SKIP_REASON is None:
     from lightkube import Client, KubeConfig, codecs
     from lightkube.core.exceptions import ApiError
     from lightkube.models.authentication_v1 import TokenRequestSpec
