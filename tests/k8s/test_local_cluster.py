@@ -34,7 +34,8 @@ from tests.k8s.conftest import (
 )
 
 if SKIP_REASON is None:
-    from lightkube.resources.core_v1 import Node
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Node, Pod
 
 
 def _name(prefix: str) -> str:
@@ -97,6 +98,23 @@ def test_a_running_pods_lines_are_in_the_api_and_its_nodes_cri_log_file_and_its_
     container_id = pod.status.containerStatuses[0].containerID.split("://", 1)[1]
     pids = [p for p in _pids_with_cmdline(marker) if container_id in _read(f"/proc/{p}/cgroup")]
     assert len(pids) == 1, f"the pod's python among this host's processes: {pids}"
+
+
+def test_a_pod_evicted_through_the_eviction_api_is_marked_as_a_disruption_target_before_it_goes(k8s, namespace):
+    """What the kubernetes runtime reads as a preemption, not a fault (issue 24)."""
+    name = _name("evicted")
+    script = "import signal, time\nsignal.signal(signal.SIGTERM, lambda *a: exit(143))\ntime.sleep(600)\n"
+    k8s.create(workload_pod(name, script, node=NODES[0]), namespace=namespace)
+    wait_for_pod(k8s, name, namespace, pod_is_running)
+    k8s.create(Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace)), name, namespace=namespace)
+
+    def disruption(pod) -> bool:
+        return any(c.type == "DisruptionTarget" and c.status == "True" for c in pod.status.conditions or [])
+
+    pod = wait_for_pod(k8s, name, namespace, disruption, timeout_s=30)
+    (condition,) = [c for c in pod.status.conditions if c.type == "DisruptionTarget"]
+    assert condition.reason == "EvictionByEvictionAPI"
+    assert pod.metadata.deletionTimestamp is not None
 
 
 def test_local_k8s_status_says_the_cluster_and_both_nodes_run():
