@@ -151,3 +151,5 @@ def test_the_slurm_quick_start_runs_as_written(tmp_path):
                            {"TRAINWARDEN_KAFKA": bootstrap, "TRAINWARDEN_SLURM": "1",
                             "TRAINWARDEN_TOPIC_PREFIX": f"rq{uuid.uuid4().hex[:8]}"}, timeout=600)
     assert "succeeded (all_instances_succeeded); 2 job restarts" in done.stderr, done.stderr[-3000:]
+    # Through Slurm, not the agents alone: the actuator's plans and the tasks' output are in the --slurm-dir.
+    assert any((tmp_path / "tw-slurm").rglob("*")), "nothing in ~/tw-slurm: the job did not run through Slurm"
