@@ -77,3 +77,4 @@ def test_badput_takes_the_silence_of_the_hang_out_of_a_rounds_running_time():
     assert by_cause["hang silence"] == 10.0 and by_cause["lost work"] == 20.0
     assert by_cause["productive"] == pytest.approx(100 - 5 - 30) and spent.fraction == pytest.approx(0.65)
     assert hang_silence_s("no output from any of the 2 running instances for at least 5 s (longest silence 5 s)") == 5
+    assert hang_silence_s("no output for 1800 s") == 1800 and hang_silence_s("RuntimeError: CUDA error") == 0

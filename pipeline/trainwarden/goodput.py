@@ -35,8 +35,9 @@ MEANING = {
     "starting": "from started to the first line of every instance (start-up)",
     "queued": "a spot job waiting for capacity",
 }
-# "no output from any of the 2 running instances for at least 5 s (longest silence 5 s)"
-SILENCE = re.compile(r"for at least ([0-9]+(?:\.[0-9]+)?) s")
+# The engine's "no output from any of the 2 running instances for at least 5 s
+# (longest silence 5 s)": every instance was silent at least that long.
+SILENCE = re.compile(r"\bfor (?:at least )?([0-9]+(?:\.[0-9]+)?) s\b")
 
 
 @dataclasses.dataclass(frozen=True)

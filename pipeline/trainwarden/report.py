@@ -166,11 +166,12 @@ def round_spans(rounds: Sequence["Round"], deciding: dict | None) -> list[RoundS
         startup = (before or {}).get("queued_s") or 0.0  # the restart's start-up stage (job_rounds' queued_s)
         if round_.restart is not None:
             fault_at = round_.restart["detected_at"]
-            hang = next((f for f in round_.faults if f["error_source"] in ("hang", "exit_hang")
+            # An exit hang is no silence (the others may still work): only a hang's counts.
+            hang = next((f for f in round_.faults if f["error_source"] == "hang"
                          and f["action"] in ("restart_job", "fail_job")), None)
         elif deciding is not None:
             # The last round of a failed job: nothing of it was delivered, its wind-down included.
-            fault_at, hang = round_.end, deciding if deciding["error_source"] in ("hang", "exit_hang") else None
+            fault_at, hang = round_.end, deciding if deciding["error_source"] == "hang" else None
         else:
             fault_at, hang = None, None
         spans.append(RoundSpan(round_.start, fault_at, startup, hang_silence_s(hang["error_message"]) if hang else 0.0))
