@@ -78,3 +78,10 @@ def test_badput_takes_the_silence_of_the_hang_out_of_a_rounds_running_time():
     assert by_cause["productive"] == pytest.approx(100 - 5 - 30) and spent.fraction == pytest.approx(0.65)
     assert hang_silence_s("no output from any of the 2 running instances for at least 5 s (longest silence 5 s)") == 5
     assert hang_silence_s("no output for 1800 s") == 1800 and hang_silence_s("RuntimeError: CUDA error") == 0
+
+
+def test_the_report_counts_one_of_a_kind_in_the_singular(cli, store, job_id, tmp_path):
+    assert cli("run", "--job-id", job_id, "--", sys.executable, "-c", CRASH).code == 1
+    text = _text(_page(cli, tmp_path, "--job", job_id))
+    for said in ("1 instance", "1fault", "1round", "0job restarts"):
+        assert re.search(rf"{said}\b", text), (said, text[:2000])
