@@ -19,13 +19,13 @@ from trainwarden.bus.messages import StartInstance
 from trainwarden.bus.serde import decode, encode
 from trainwarden.cli.main import build_parser
 from trainwarden.cli.main import main as cli_main
-from trainwarden.events import (Decision, DecisionKind, InstanceSpec, JobSpec, NodeLost, Preempted, Reason,
-                                RoleSpec)
+from trainwarden.events import (Decision, DecisionKind, InstanceExited, InstanceSpec, JobSpec, NodeLost, Preempted,
+                                Reason, RoleSpec)
 from trainwarden.jobspec import JobDefinition
 from trainwarden.runtime import registry
 from trainwarden.runtime.agents import UnplacedRuntime
-from trainwarden.runtime.base import (AgentCommand, CapacityTaken, Capability, EngineError, JobRuntime, NodeDown,
-                                      RuntimeEvent)
+from trainwarden.runtime.base import (AgentCommand, CapacityTaken, Capability, EngineError, JobEvent, JobRuntime,
+                                      NodeDown, RuntimeEvent)
 from trainwarden.runtime.registry import RuntimeKind
 from trainwarden.services.actuator_service import ActuatorService
 from trainwarden.store import SpoolWriter
@@ -120,7 +120,9 @@ class _Seen:
         return True
 
     def poll(self):
-        self.said += [NodeDown("far-1", ("worker-0",)), CapacityTaken(0, "taken back"), EngineError("far is down")]
+        self.said += [NodeDown("far-1", ("worker-0",)), CapacityTaken(0, "taken back"), EngineError("far is down"),
+                      JobEvent(InstanceExited(job_id="j", time=T0, instance="worker-0", round=0, start=0,
+                                              exit_code=137))]
         return self.drain()
 
     def drain(self):
@@ -199,7 +201,7 @@ def test_an_actuator_builds_a_registered_kinds_runtime_and_carries_out_what_it_s
     assert isinstance(command, StartInstance) and command.node == "far-1"
     service.run_once(0.0)
     seen = [decode(EVENTS, r.value) for r in events.poll(0.0, max_records=10)]
-    assert [type(e) for e in seen] == [NodeLost, Preempted]
+    assert [type(e) for e in seen] == [NodeLost, Preempted, InstanceExited]
     assert (seen[0].node, seen[0].instances, seen[1].reason) == ("far-1", ("worker-0",), "taken back")
     assert service.counters.runtime_errors >= 1 and "far is down" in said
 

@@ -57,6 +57,14 @@ class CapacityTaken:
 
 
 @dataclasses.dataclass(frozen=True)
+class JobEvent:
+    """Another event for the job's engine that the runtime's engine saw
+    (events.py: an instance's exit no agent reports, say), sent as it is."""
+
+    event: object
+
+
+@dataclasses.dataclass(frozen=True)
 class EngineError:
     """The runtime's engine failed a call (its controller restarting, a
     command timing out): said, counted, and tried again next turn."""
@@ -95,8 +103,8 @@ class NodeIsolated:
     reason: str
 
 
-RuntimeEvent = Union[NodeDown, CapacityTaken, EngineError, WaitingForCapacity, AgentCommand, DumpsExpected,
-                     NodeIsolated]
+RuntimeEvent = Union[NodeDown, CapacityTaken, JobEvent, EngineError, WaitingForCapacity, AgentCommand,
+                     DumpsExpected, NodeIsolated]
 
 
 # ---------------------------------------------------------------- runtimes

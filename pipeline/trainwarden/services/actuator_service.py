@@ -54,7 +54,7 @@ from trainwarden.engine import JobStatus
 from trainwarden.events import Decision, DecisionKind, InstanceSpec, JobSpec, NodeLost, Preempted, Reason
 from trainwarden.runtime import registry
 from trainwarden.runtime.agents import UnplacedRuntime
-from trainwarden.runtime.base import (AgentCommand, CapacityTaken, DumpsExpected, EngineError, JobToRun,
+from trainwarden.runtime.base import (AgentCommand, CapacityTaken, DumpsExpected, EngineError, JobEvent, JobToRun,
                                       NodeDown, NodeIsolated, RuntimeEvent, RuntimeSite, WaitingForCapacity)
 from trainwarden.runtime.nodes import Cluster, NodeStatus
 from trainwarden.settings import SettingsError, parse_args_string
@@ -251,6 +251,8 @@ class ActuatorService:
                 self.counters.preemptions += 1
                 self.producer.send(EVENTS, job_id, encode(Preempted(job_id=job_id, time=self.clock(),
                                                                     round=event.round, reason=event.reason)))
+            elif isinstance(event, JobEvent):
+                self.producer.send(EVENTS, job_id, encode(event.event))
             elif isinstance(event, EngineError):
                 self.counters.runtime_errors += 1
                 self.say(event.text, job_id)
