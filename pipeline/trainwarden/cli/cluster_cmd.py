@@ -58,7 +58,7 @@ def add_commands(sub) -> None:
     agent = sub.add_parser("agent", help="run the node agent: starts instances placed on this node", **examples(
         "trainwarden agent --node gpu-7 --slots 8 --bootstrap kafka:9092",
         "TRAINWARDEN_NODE=gpu-7 trainwarden agent --metrics-address 0.0.0.0:9464 --log-format json",
-        *_runtime_examples(registry.AGENT)))
+        *registry.examples(registry.AGENT)))
     _option(agent, "--node", default=socket.gethostname(), help="this node's name (default: the host name)")
     _option(agent, "--slots", type=int, default=8, help="instances this node can run at once (default 8)")
     _option(agent, "--log-dir", help="where instance output files go, for Vector (default: agent-NODE/logs next "
@@ -90,12 +90,12 @@ def add_commands(sub) -> None:
     actuator = sub.add_parser("actuator", help="run the actuator: places instances, executes decisions",
                               **examples("trainwarden actuator --store /var/lib/trainwarden/history",
                                           "trainwarden actuator --store http://trainwarden@clickhouse:8123/trainwarden",
-                                          *_runtime_examples(registry.ACTUATOR)))
+                                          *registry.examples(registry.ACTUATOR)))
     _option(actuator, "--store", help="history store: a directory (chDB) or http(s)://user@host:port/db (default: "
                                       "the per-user state directory)")
     _runtime_options(actuator, registry.ACTUATOR)
     _option(actuator, "--run-as", metavar="USER",
-            help=f"with {' or '.join(_run_as_flags())}: submit the jobs of that runtime as this user (a name or "
+            help=f"with {' or '.join(registry.run_as_flags())}: submit the jobs of that runtime as this user (a name or "
                  "UID[:GID]; the actuator runs as root), so their tasks cannot read the services' keys")
     _option(actuator, "--node-timeout", type=float, default=10.0,
             help="seconds without a heartbeat before a node is lost (default 10)")
@@ -126,7 +126,7 @@ def add_commands(sub) -> None:
                                         "python train.py",
                                         "trainwarden submit job.yaml --follow --json | jq -c 'select(.event == "
                                         "\"decision\")'",
-                                        *_runtime_examples("submit")))
+                                        *registry.examples("submit")))
     submit.add_argument("job_file", nargs="?", help="a job YAML file (or give the command after --)")
     # Not TRAINWARDEN_JOB_ID: every instance has that one, and a job that submits a job would reuse its own id.
     _option(submit, "--job-id", env="TRAINWARDEN_SUBMIT_JOB_ID",
@@ -384,7 +384,7 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
         service = Agent(bus, args.node, args.slots, log_dir, address=args.address, ship_logs=not args.no_ship_logs,
                         c4d_log=Path(args.c4d_log) if args.c4d_log else None,
                         c4d_socket=Path(args.c4d_socket) if args.c4d_socket else None,
-                        run_as=run_as, log_limits=log_limits, **_agent_setup(args))
+                        run_as=run_as, log_limits=log_limits, **registry.agent_setup(vars(args)))
         observer.watch(lambda: service.counters, [
             ("agent_instances_running", "Instances this agent runs now.", lambda: len(service.running)),
             ("agent_slots", "Instances this node can run at once.", lambda: service.slots),
@@ -415,7 +415,7 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
         sites = registry.sites(vars(args), run_as)
         if run_as and not any(k.runs_as and k.name in sites for k in registry.submitted()):
             return fail("--run-as applies to the jobs this actuator submits to a runtime's engine, and it has none",
-                        hint=f"give {' or '.join(_run_as_flags())} too, or --run-as to each agent instead")
+                        hint=f"give {' or '.join(registry.run_as_flags())} too, or --run-as to each agent instead")
         service = ActuatorService(bus, open_writer(store), node_timeout_s=args.node_timeout, sites=sites,
                                   say=lambda text, job_id="": run.say("info", text, job_id))
         observer.watch(lambda: service.counters, [
@@ -434,23 +434,6 @@ def _runtime_options(parser: argparse.ArgumentParser, command: str) -> None:
         for option in kind.options:
             if option.command == command:
                 _option(parser, option.flag, env=option.env, help=option.help, metavar=option.metavar or None)
-
-
-def _runtime_examples(command: str) -> list[str]:
-    return [line for kind in registry.runtimes() for where, line in kind.examples if where == command]
-
-
-def _run_as_flags() -> list[str]:
-    return [flag for kind in registry.submitted() if kind.runs_as for flag in kind.flags(registry.ACTUATOR)[:1]]
-
-
-def _agent_setup(args: argparse.Namespace) -> dict:
-    """The node agent's keyword arguments the registry's runtimes ask for, from their options."""
-    setup: dict = {}
-    for kind in registry.runtimes():
-        if kind.agent_setup is not None:
-            setup.update(kind.agent_setup(vars(args)))
-    return setup
 
 
 def _run_as(text: str | None):

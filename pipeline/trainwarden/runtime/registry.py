@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from trainwarden.runtime.base import RuntimeSite
-from trainwarden.runtime.kind import ACTUATOR, AGENT, RuntimeKind, RuntimeOption  # noqa: F401 - the entry shape
+from trainwarden.runtime.kind import ACTUATOR, AGENT, RuntimeKind, RuntimeOption  # noqa: F401 - the entry's shape
 
 
 def _agents_site(options: Mapping[str, Any], run_as: Any) -> RuntimeSite:
@@ -86,3 +86,22 @@ def sites(options: Mapping[str, Any], run_as: Any = None) -> dict[str, RuntimeSi
         if site is not None:
             found[kind.name] = site
     return found
+
+
+def examples(command: str) -> list[str]:
+    """The example lines the kinds add to a command's help."""
+    return [line for kind in runtimes() for where, line in kind.examples if where == command]
+
+
+def run_as_flags() -> list[str]:
+    """The actuator options that configure a kind whose site submits as --run-as's user."""
+    return [flag for kind in submitted() if kind.runs_as for flag in kind.flags(ACTUATOR)[:1]]
+
+
+def agent_setup(options: Mapping[str, Any]) -> dict:
+    """The node agent's keyword arguments the kinds ask for, from its options."""
+    setup: dict = {}
+    for kind in runtimes():
+        if kind.agent_setup is not None:
+            setup.update(kind.agent_setup(options))
+    return setup

@@ -562,7 +562,7 @@ class ActuatorService:
 def _unreached(name: str) -> str:
     """What the actuator says of a job that names a runtime it does not reach."""
     try:
-        needs = " ".join(registry.runtime_kind(name).flags(registry.ACTUATOR)[:1]) or "its options"
+        needs = next(iter(registry.runtime_kind(name).flags(registry.ACTUATOR)), "its options")
     except registry.UnknownRuntime:
         return f"the job asks for runtime {name!r}, which there is not; it runs on the {registry.FALLBACK.name}"
     return (f"the job asks for the {name} runtime, but this actuator has none ({needs}); "
