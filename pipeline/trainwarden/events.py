@@ -154,7 +154,7 @@ class JobSpec(msgspec.Struct, frozen=True):
     env: tuple[tuple[str, str], ...] = ()
     stop_grace_s: float = 10.0
     checkpoint_dir: str = ""  # TRAINWARDEN_CHECKPOINT_DIR of every instance
-    runtime: str = "agents"  # where the cluster runs it: agents, slurm (runtime/registry.py)
+    runtime: str = "agents"  # where the cluster runs it: a runtime's name in runtime/registry.py
     preload: tuple[str, ...] = ()  # modules a standby interpreter imports before it becomes an instance
     framework: str = ""  # pytorch, mpi, ...: for the jobs table (history --jobs) of a cluster job
 
@@ -252,8 +252,8 @@ class NodeLost(msgspec.Struct, frozen=True, tag="node_lost"):
 
 
 class Preempted(msgspec.Struct, frozen=True, tag="preempted"):
-    """The scheduler that runs the job took its capacity back (Slurm requeued
-    or preempted its allocation while the nodes were up): not a fault of the
+    """The scheduler that runs the job took its capacity back (requeued or
+    preempted its allocation while the nodes were up): not a fault of the
     job. Said by the runtime that holds the allocation, from the scheduler's
     own state, never from the job's output."""
 
