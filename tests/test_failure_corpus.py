@@ -79,3 +79,10 @@ def test_every_excerpt_has_exactly_one_blind_reading_of_a_valid_verdict():
         assert verdict in LABELS and sure in ("sure", "unsure") and why, f"blind_reader.tsv line {number}: {line!r}"
         readings[name] += 1
     assert readings == collections.Counter(e.name for e in EXCERPTS)
+
+
+def test_every_excerpt_names_the_phase_its_lines_show():
+    # bench/corpus_phases.py writes it by the rule of trainwarden/evidence/phase.py.
+    for path in sorted(CORPUS.glob("*/*.log")):
+        head = path.read_text(encoding="utf-8").split("\n")[:12]
+        assert any(line.startswith("# phase: ") for line in head), f"{path}: no '# phase:' line"
