@@ -41,3 +41,14 @@ def test_steps_printed_before_a_bare_kill_mean_the_training_phase():
 def test_lines_that_name_no_phase_are_unknown():
     assert failure_phase(["Segmentation fault (core dumped)"]) == "unknown"
     assert failure_phase([]) == "unknown"
+
+
+def test_a_schedulers_job_steps_are_no_training_steps():
+    lines = ["slurmstepd: error: Step 1141810.0 exceeded memory limit (52917772 > 20971520), being killed",
+             "srun: error: falkor7: task 0: Killed"]
+    assert failure_phase(lines) == "unknown"
+
+
+def test_a_step_the_scheduler_could_not_create_is_initialisation():
+    assert failure_phase(["srun: error: Unable to create step for job 29986033: Memory required by task is not "
+                          "available"]) == "initialisation"

@@ -14,9 +14,10 @@ The rule, in order (the first that holds decides):
    optimizer's step, a fit loop): ``training``.
 4. There a line names initialisation (the process group, rendezvous,
    loading a model, dataset or checkpoint, an import, the launcher or
-   scheduler refusing to start): ``initialisation``.
-5. Anywhere in the lines, a step, iteration or epoch counter, a loss value
-   or a progress bar shows that steps ran: ``training``.
+   scheduler refusing to start or place it): ``initialisation``.
+5. Anywhere in the lines (a scheduler's own lines aside: its job steps are
+   no training steps), a step, iteration or epoch counter, a loss value or
+   a progress bar shows that steps ran: ``training``.
 6. Otherwise ``unknown``.
 
 The same rule annotated the real-failure corpus (``# phase:`` of each
@@ -60,7 +61,8 @@ _INITIALISATION = re.compile(
     r"(?i)init_process_group|rendezvous|rdzv|TCPStore|from_pretrained|load_state_dict|load_checkpoint"
     r"|No module named|ModuleNotFoundError|ImportError|unrecognized arguments|argparse"
     r"|Loading checkpoint shards|initiali[sz]|setup_distributed|init_distributed|deepspeed\.initialize"
-    r"|_get_dataset|build_dataset|load_dataset|DataLoader\(|prepare_data|sbatch: error|srun: error"
+    r"|_get_dataset|build_dataset|load_dataset|DataLoader\(|prepare_data|sbatch: error"
+    r"|srun: error: (?:Unable to (?:allocate|create step)|Task launch|Application launch|Invalid|.*still not ready)"
     r"|set_device|ncclCommInitRank|NCCL INFO Bootstrap|MASTER_ADDR|MASTER_PORT|Address already in use"
     r"|accelerator\.prepare|model\.to\(|\.cuda\(\)|in _setup|in setup\b"
     r"|resolve/main/|to load this model|invalid device ordinal|You requested GPUs|MisconfigurationException"
@@ -68,6 +70,9 @@ _INITIALISATION = re.compile(
 _STEPS_RAN = re.compile(
     r"(?i)\b(?:global_?)?step[ =:\[]+[1-9]\d*|\biter(?:ation)?[ =:\[]+[1-9]\d*|\bepoch[ =:\[]+\d+"
     r"|\bloss[\"']?[ =:]+[\"']?-?\d|[1-9]\d*/\d+ \[\d|\d+(?:\.\d+)?(?:it/s|s/it)\]")
+
+# A scheduler's job step ("Step 1141810.0", "StepId=191.batch") is no training step.
+_SCHEDULER = re.compile(r"slurmstepd|srun: |StepId=|JOB \d+ ON ")
 
 
 def _region(lines: Sequence[str]) -> Sequence[str]:
@@ -88,4 +93,5 @@ def failure_phase(lines: Sequence[str]) -> str:
                            ("initialisation", _INITIALISATION)):
         if _any(pattern, region):
             return phase
-    return "training" if _any(_STEPS_RAN, lines) else "unknown"
+    counted = [line for line in lines if not _SCHEDULER.search(line[:MAX_LINE])]
+    return "training" if _any(_STEPS_RAN, counted) else "unknown"
