@@ -9,6 +9,7 @@ import collections
 import pytest
 
 from tests.corpus import CORPUS, LABELS, CorpusError, load_corpus, load_excerpt, score, split
+from tests.corpus_jobs import SHIPPED, costs
 from trainwarden.rules.loader import load_rules
 
 MIN_EXCERPTS = 400
@@ -22,6 +23,13 @@ MIN_NOT_RETRYABLE = 0.35
 MIN_ACCURACY = 0.78
 MIN_CATEGORY_ACCURACY = 0.60
 CATEGORY_SUPPORT = 10  # categories with this many test excerpts or more are held to MIN_CATEGORY_ACCURACY
+# What the shipped policy costs on the test set, each excerpt run as a job
+# (tests/corpus_jobs.py; bench/classify_corpus.py prints it): 3.3% of the
+# transient failures lose their job (6 of 184; 17.9% before the decisions
+# of engine/operational.py) and 0.76 restarts are spent per persistent
+# failure (issue 27's ceiling: 0.8). Issue 27's 2% is not met: see the README.
+MAX_LOST_SHARE = 0.034
+MAX_RESTARTS_PER_PERSISTENT = 0.80
 
 EXCERPTS = load_corpus()
 TUNE, TEST = split(EXCERPTS)
@@ -66,6 +74,13 @@ def test_the_verdict_on_the_test_set_stays_at_or_above_the_measured_figures():
     for category, (right, total) in scores.by_category().items():
         if total >= CATEGORY_SUPPORT:
             assert right / total >= MIN_CATEGORY_ACCURACY, f"{category}: {right}/{total} right on the test set"
+
+
+def test_on_the_test_set_few_transient_failures_lose_their_job_and_few_restarts_go_to_persistent_ones():
+    result = costs(load_rules(), TEST, SHIPPED)
+    assert result.lost_share <= MAX_LOST_SHARE, f"{result.lost_share:.1%} of the transient failures lost their job"
+    assert result.restarts_per_persistent <= MAX_RESTARTS_PER_PERSISTENT, (
+        f"{result.restarts_per_persistent:.2f} restarts per persistent failure")
 
 
 def test_every_excerpt_has_exactly_one_blind_reading_of_a_valid_verdict():

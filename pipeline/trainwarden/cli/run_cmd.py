@@ -128,7 +128,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     if result.reason == Reason.NO_PROGRESS.value:
         err_console.print("trainwarden ▸ every restart failed again before the job got further (a crash loop); "
                           "if it was making progress, say so with the SDK's monitor.report_progress(step), "
-                          "or raise --max-num-of-no-progress-restart", markup=False)
+                          "or raise --max-num-of-no-progress-restart (-1: off)", markup=False)
     return result.exit_code
 
 

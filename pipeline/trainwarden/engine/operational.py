@@ -17,7 +17,8 @@ instance judged by its lines (policy ExitCodeAndErrorMsg):
   restarts of it is the job's: it fails the job (reason ``no_progress``,
   rule ``repeated_without_progress``). A configuration error before any
   progress fails at once anyway (its verdict); a transient-looking one is
-  thus retried once at most, with the shipped 1.
+  thus retried once at most, with the shipped 1. Like the no-progress
+  guard, ``--max-num-of-no-progress-restart=-1`` switches it off.
 - A job that made progress in its round and then fails with a
   not-retryable error it never showed before, on weak evidence, gets one
   restart from its checkpoint (reason ``first_error_after_progress``). Weak:
@@ -131,7 +132,9 @@ def weigh(state: JobState, inst: InstanceState, verdict: Verdict, signature: str
             return Weighed(intent, Reason.NODE_FAULT, "node_fault", True,
                            evidence + f"; the same error on node {memory.node} {memory.node_repeats} times in a "
                                       "row: the node's fault")
-        if 0 <= settings.repeat_restarts < memory.repeats:
+        # --max-num-of-no-progress-restart=-1 switches the no-progress guards off, this one too.
+        guarded_loop = state.settings.max_num_of_no_progress_restart >= 0
+        if guarded_loop and 0 <= settings.repeat_restarts < memory.repeats:
             where = (f"on {len(memory.nodes)} nodes " if len(memory.nodes) > 1 else "")
             return Weighed(DecisionKind.FAIL_JOB, Reason.NO_PROGRESS, "repeated_without_progress", False,
                            evidence + f"; the same failure {where}{memory.repeats} times without progress "
