@@ -83,7 +83,8 @@ class JobDefinition:
         """How to start the instances, as every runtime takes it."""
         return JobSpec(roles=tuple(RoleSpec(r.name, r.count, r.command, r.env) for r in self.roles),
                        workdir=self.workdir or "", env=self.env, stop_grace_s=self.stop_grace_s,
-                       checkpoint_dir=self.checkpoint_dir or "", runtime=self.runtime, preload=self.preload)
+                       checkpoint_dir=self.checkpoint_dir or "", runtime=self.runtime, preload=self.preload,
+                       framework=self.framework)
 
     def with_preload(self, modules: tuple[str, ...]) -> "JobDefinition":
         """The job with ``modules`` added to its preload list (``--preload``)."""
