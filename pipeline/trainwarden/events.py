@@ -88,6 +88,12 @@ class Reason(str, enum.Enum):
     # Restart after restart, each failing before the job got further (a
     # crash loop): the fault comes from the job, whatever its verdict.
     NO_PROGRESS = "no_progress"
+    # A not-retryable error the job never showed before, on weak evidence
+    # (after progress, or before it on the words or exit code alone): one
+    # restart (engine/operational.py).
+    SECOND_CHANCE = "second_chance"
+    # The same retryable error on the same node again: the node is isolated.
+    NODE_FAULT = "node_fault"
     CUSTOM_MESSAGE = "custom_message"
     NODE_LOST = "node_lost"
     C4D_ERROR = "c4d_error"
@@ -366,6 +372,9 @@ class Decision(msgspec.Struct, frozen=True):
     # "worker-0 rank 2"), each with its category.
     verdict: str = ""
     consequences: tuple[str, ...] = ()
+    # Failures: the operational evidence weighed beside the verdict (phase,
+    # progress, recurrence, node), in words (engine/operational.py).
+    evidence: str = ""
 
 
 def action_id(job_id: str, *parts: object) -> str:
