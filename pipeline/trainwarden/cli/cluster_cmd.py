@@ -369,6 +369,7 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
         from trainwarden.runtime.c4d_source import c4d_flags_problem
         from trainwarden.runtime.logfiles import limits_from_flags
         from trainwarden.services.agent import Agent
+        from trainwarden.runtime.slurm.adopt import adopter as slurm_adopter
 
         if not 1 <= args.slots <= 4096:
             return fail("--slots must be from 1 to 4096")
@@ -385,7 +386,8 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
         service = Agent(bus, args.node, args.slots, log_dir, address=args.address, ship_logs=not args.no_ship_logs,
                         c4d_log=Path(args.c4d_log) if args.c4d_log else None,
                         c4d_socket=Path(args.c4d_socket) if args.c4d_socket else None,
-                        slurm_dir=Path(args.slurm_dir) if args.slurm_dir else None, run_as=run_as,
+                        adopters=[slurm_adopter(Path(args.slurm_dir), args.node)] if args.slurm_dir else (),
+                        run_as=run_as,
                         log_limits=log_limits)
         observer.watch(lambda: service.counters, [
             ("agent_instances_running", "Instances this agent runs now.", lambda: len(service.running)),

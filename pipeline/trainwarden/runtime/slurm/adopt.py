@@ -1,5 +1,6 @@
 """A node agent's side of the ``slurm`` runtime: the tasks Slurm started on
-this node become the agent's instances.
+this node become the agent's instances, adopted by its node host
+(``runtime/adoption.py``: ``SlurmTasks`` is an ``Adopter``).
 
 Slurm, not the agent, starts them (``runtime/slurm/task.py`` under srun);
 the agent follows their manifests and output files (``files.TaskFiles``)
@@ -21,15 +22,13 @@ late loses nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import os
-import signal
-import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from trainwarden.clock import now as clock_now
 from trainwarden.events import InstanceExited, InstanceStarted, LogLine, Stream
+from trainwarden.runtime.adoption import Adopted, AdopterFactory
 from trainwarden.runtime.control import Incarnation
 from trainwarden.runtime.slurm.files import (
     ADOPTION_WAIT_S,
@@ -40,6 +39,7 @@ from trainwarden.runtime.slurm.files import (
     TaskStarted,
 )
 from trainwarden.runtime.slurm.proof import standby_token, token_of, wrapper_token
+from trainwarden.runtime.stopping import alive, stop_process_groups
 
 # A task can start before its announcement arrives (the bus and the
 # manifest directory race); after this long it is not ours to follow.
@@ -55,12 +55,9 @@ def address_file(control_dir: Path, node: str) -> Path:
     return Path(control_dir) / f"{node}.address"
 
 
-@dataclasses.dataclass
-class Adopted:
-    incarnation: Incarnation
-    token: str
-    pid: int
-    key: TaskKey
+def adopter(directory: Path, node: str, clock: Callable[[], float] = clock_now) -> AdopterFactory:
+    """The tasks Slurm starts on this node, for its agent's node host (``agent --slurm-dir``)."""
+    return lambda control_address: SlurmTasks(directory, node, clock, control_address)
 
 
 class SlurmTasks:
@@ -84,8 +81,8 @@ class SlurmTasks:
             self.expected[digest] = Incarnation(job_id, instance, round_, start)
 
     def poll(self) -> list:
-        """Events for the agent: ("adopt", Adopted) first, then InstanceStarted,
-        LogLine and InstanceExited as its own instances would give them."""
+        """For the node host: Adopted first, then InstanceStarted, LogLine
+        and InstanceExited as its own instances would give them."""
         out: list = []
         now = self.clock()
         retry, self._waiting = self._waiting, []
@@ -119,21 +116,14 @@ class SlurmTasks:
             return
         adopted = self.adopted[started.key] = Adopted(incarnation, token, pid, started.key)
         self.files.mark_adopted(started.key)
-        out.append(("adopt", adopted))
+        out.append(adopted)
         out.append(InstanceStarted(job_id=incarnation.job_id, time=now, instance=incarnation.instance,
                                    round=incarnation.round, start=incarnation.start, node=self.node, pid=pid))
 
     def stop(self, pids: list[int], grace_s: float) -> None:
-        """SIGTERM to each task's process group, SIGKILL to what is left after the grace period."""
-        pids = [pid for pid in pids if pid > 0]  # 0: an instance already gone when adopted
-        for pid in pids:
-            _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
-            time.sleep(0.05)
-        for pid in pids:
-            if _alive(pid):
-                _signal_group(pid, signal.SIGKILL)
+        """SIGTERM to each task's process group (task.py starts the command in
+        a group of its own), SIGKILL to what is left after the grace period."""
+        stop_process_groups(pids, grace_s)
 
 
 def _token(started: TaskStarted) -> tuple[Optional[str], int]:
@@ -146,26 +136,8 @@ def _token(started: TaskStarted) -> tuple[Optional[str], int]:
             token = standby_token(started.task_pid, started.pid)
         if token is not None:
             return token, started.pid
-        if _alive(started.pid):
+        if alive(started.pid):
             return None, started.pid  # a process that cannot prove itself
     if started.task_pid is None:
         return None, 0
     return wrapper_token(started.task_pid, started.job_id, started.step_id, started.task_id), 0
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)  # task.py starts the command in a group of its own
-    except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"

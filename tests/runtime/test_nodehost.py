@@ -1,0 +1,145 @@
+"""The node host: one machine's incarnations, whichever engine started them.
+A stop dumps the stacks while the instance is still alive and only then
+signals it; a process another engine started is adopted through a plug-in
+that knows nothing of Slurm, followed like the host's own (lines, exit with
+its tail) and stopped through that plug-in; a start never runs after a
+newer incarnation of its instance."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from trainwarden.events import InstanceExited, InstanceSpec, InstanceStarted, LogLine, Stream
+from trainwarden.runtime.adoption import Adopted
+from trainwarden.runtime.control import ControlServer, Incarnation
+from trainwarden.runtime.inbox import Inbox
+from trainwarden.runtime.nodehost import NodeHost, StartOrder, StopOrder
+from trainwarden.runtime.stopping import alive, stop_process_groups
+
+JOB = "job-1"
+SPEC = InstanceSpec(name="worker-0", role="worker", index=0, rank=0)
+
+
+class _Output:
+    def __init__(self):
+        self.started, self.lines, self.exited = [], [], []
+
+    def on_started(self, event):
+        self.started.append(event)
+
+    def on_lines(self, running, lines):
+        self.lines.extend(line.text for line in lines)
+
+    def on_exited(self, event):
+        self.exited.append(event)
+
+
+class _ProcessAdopter:
+    """Another engine's processes: a test's own, proven by being announced."""
+
+    def __init__(self):
+        self.expected: dict[str, Incarnation] = {}
+        self.found: list = []
+        self.stopped: list[int] = []
+
+    def expect(self, job_id, incarnations):
+        for instance, round_, start, digest in incarnations:
+            self.expected[digest] = Incarnation(job_id, instance, round_, start)
+
+    def poll(self):
+        found, self.found = self.found, []
+        return found
+
+    def stop(self, pids, grace_s):
+        self.stopped.extend(pids)
+        stop_process_groups(pids, grace_s)
+
+
+def _host(tmp_path, inbox, **options) -> tuple[NodeHost, ControlServer]:
+    control = ControlServer(deliver=inbox.put, on_refused=lambda reason, raw: None, adopts=True)
+    return NodeHost("n1", control, inbox.put, tmp_path / "sdk", line_sink=inbox.offer_line, **options), control
+
+
+def _order(program: str, round_: int = 0, start: int = 0) -> StartOrder:
+    return StartOrder(job_id=JOB, spec=SPEC, command=(sys.executable, "-c", program), round=round_, start=start,
+                      world_size=1, max_restarts=3, master_addr="127.0.0.1", master_port=29999)
+
+
+def _drain_until(host: NodeHost, inbox: Inbox, predicate, timeout_s: float = 15.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        host.poll()
+        item = inbox.get(0.05)
+        if item is not None:
+            host.take(item)
+        host.ship()
+        if predicate():
+            return
+    raise AssertionError("timed out")
+
+
+def test_a_stop_hands_in_the_stacks_while_the_instance_is_alive_and_only_then_ends_it(tmp_path):
+    inbox, output, seen = Inbox(), _Output(), []
+    host, control = _host(tmp_path, inbox, output=output,
+                          dumps_to=lambda job, report, dumps, missing: seen.append(
+                              (report, missing, alive(host.running[(JOB, "worker-0")].pid))))
+    try:
+        host.start(_order("import time\nprint('up', flush=True)\ntime.sleep(60)"))
+        _drain_until(host, inbox, lambda: output.lines == ["up"])
+        host.stop(StopOrder(JOB, grace_s=5.0, report_id="report-1"), background=False)
+        assert seen == [("report-1", ["no stack tool is configured"], True)]
+        _drain_until(host, inbox, lambda: output.exited)
+        assert output.exited[0].exit_code == 128 + 15  # SIGTERM, after the dump
+        assert output.exited[0].tail == ("up",)
+    finally:
+        host.close()
+        control.close()
+
+
+def test_a_process_another_engine_started_is_adopted_followed_and_stopped_through_its_engine(tmp_path):
+    inbox, output, engine = Inbox(), _Output(), _ProcessAdopter()
+    host, control = _host(tmp_path, inbox, output=output, adopters=[lambda address: engine])
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        host.expect(JOB, [("worker-0", 1, 0, "digest")])
+        incarnation = engine.expected["digest"]
+        engine.found = [Adopted(incarnation, "token-1", process.pid, key="task-0"),
+                        InstanceStarted(job_id=JOB, time=1.0, instance="worker-0", round=1, start=0, node="n1",
+                                        pid=process.pid),
+                        LogLine(job_id=JOB, time=1.0, instance="worker-0", round=1, start=0, text="step 1",
+                                stream=Stream.STDOUT)]
+        host.poll()
+        assert host.running[(JOB, "worker-0")].adopter is engine
+        host.stop(StopOrder(JOB, grace_s=5.0), background=False)
+        assert engine.stopped == [process.pid]
+        assert process.wait(5) == -15
+        engine.found = [InstanceExited(job_id=JOB, time=2.0, instance="worker-0", round=1, start=0, exit_code=143)]
+        host.poll()
+        host.ship()
+        assert [e.pid for e in output.started] == [process.pid] and output.lines == ["step 1"]
+        assert [(e.exit_code, e.tail) for e in output.exited] == [(143, ("step 1",))]
+        assert (JOB, "worker-0") not in host.running
+    finally:
+        process.kill()
+        process.wait()
+        host.close()
+        control.close()
+
+
+def test_a_start_of_an_incarnation_older_than_one_stopped_here_never_runs(tmp_path):
+    inbox, output = Inbox(), _Output()
+    host, control = _host(tmp_path, inbox, output=output)
+    try:
+        assert host.start(_order("print('new')", round_=2, start=2))
+        _drain_until(host, inbox, lambda: output.exited)
+        host.stop(StopOrder(JOB, grace_s=1.0, incarnations={"worker-0": (3, 3)}), background=False)
+        assert not host.start(_order("print('old')", round_=1, start=1))
+        assert not host.start(_order("print('stopped')", round_=3, start=3))
+        assert host.counters.ignored_commands == 2
+        host.ship()
+        assert output.lines == ["new"]
+    finally:
+        host.close()
+        control.close()
