@@ -15,7 +15,7 @@ from trainwarden.events import InstanceExited, InstanceSpec, InstanceStarted, Lo
 from trainwarden.runtime.adoption import Adopted
 from trainwarden.runtime.control import ControlServer, Incarnation
 from trainwarden.runtime.inbox import Inbox
-from trainwarden.runtime.nodehost import NodeHost, StartOrder, StopOrder
+from trainwarden.runtime.nodehost import NODE_VARIABLES, NodeHost, StartOrder, StopOrder, planned_env
 from trainwarden.runtime.stopping import alive, stop_process_groups
 
 JOB = "job-1"
@@ -143,3 +143,13 @@ def test_a_start_of_an_incarnation_older_than_one_stopped_here_never_runs(tmp_pa
     finally:
         host.close()
         control.close()
+
+
+def test_an_incarnation_another_engine_starts_carries_the_jobs_variables_and_none_of_its_nodes():
+    order = StartOrder(job_id=JOB, spec=SPEC, command=("train",), round=2, start=1, world_size=4, max_restarts=3,
+                       master_addr="", master_port=0, env={"LR": "0.1"})
+    env = planned_env(order, "token-1", "/sdk")
+    assert (env["LR"], env["TRAINWARDEN_TOKEN"], env["TRAINWARDEN_RESTART_ROUND"], env["TRAINWARDEN_RESUME"]) == \
+        ("0.1", "token-1", "2", "1")
+    assert not set(NODE_VARIABLES) & set(env)
+    assert env["PYTHONPATH"].startswith("/sdk")

@@ -56,10 +56,6 @@ class LocalJobRunner:
     def instance_names(self) -> list[str]:
         return list(self._specs)
 
-    def tokens(self) -> dict[str, str]:
-        """Instance -> marker of its current incarnation (finds all its processes)."""
-        return {name: r.token for (job_id, name), r in self.host.running.items()}
-
     def master_port(self, round_: int) -> int:
         # A free port per round: the previous round's port may linger in TIME_WAIT.
         if round_ not in self._ports:

@@ -39,7 +39,7 @@ from trainwarden.diagnose.collect import configured
 from trainwarden.diagnose.stacks import dumps_to_json
 from trainwarden.events import Activity, InstanceActivity, InstanceExited, InstanceStarted, LogLine
 from trainwarden.runtime.adoption import AdopterFactory
-from trainwarden.runtime.c4d_source import C4DSocket, FileFollower
+from trainwarden.runtime.c4d_source import C4DSocket, open_channel
 from trainwarden.runtime.control import ControlServer, PendingReply
 from trainwarden.runtime.inbox import Inbox
 from trainwarden.runtime.logfiles import LogFileLimits
@@ -101,12 +101,7 @@ class Agent:
         self._next_batch = self._next_report = 0.0
         self._ready = False
         self._joined: Optional[dict[tuple[str, int], int]] = None  # commands partition -> end offset when ready
-        # The trusted diagnostic channel: the socket C4D's collector writes to
-        # (the instances' processes refused), or C4D's log file.
-        if c4d_socket:
-            self.c4d = C4DSocket(c4d_socket, self._c4d_line, self._c4d_refused, self.control)
-        else:
-            self.c4d = FileFollower(c4d_log, self._c4d_line) if c4d_log else None
+        self.c4d = open_channel(c4d_socket, c4d_log, self._c4d_line, self._c4d_refused, self.control)
 
     @property
     def running(self) -> dict[tuple[str, str], Running]:
