@@ -17,10 +17,11 @@ from typing import Optional, Union
 from trainwarden.diagnose.c4d import C4DFormatError, Finding, parse_line
 from trainwarden.engine import JobState, fail_for_engine_error, step
 from trainwarden.events import Decision, Diagnosis, Event, LogLine, action_id
+from trainwarden.limits import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_VALUE_CHARS
 from trainwarden.store.records import DeadLetter, DiagnosisRecord
 
-MAX_ERROR = 2000
-MAX_PAYLOAD = 16000
+MAX_ERROR = DEAD_LETTER_ERROR_CHARS
+MAX_PAYLOAD = DEAD_LETTER_VALUE_CHARS
 
 Record = Union[DeadLetter, DiagnosisRecord]
 
