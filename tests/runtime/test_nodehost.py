@@ -7,13 +7,14 @@ newer incarnation of its instance."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
 from trainwarden.events import InstanceExited, InstanceSpec, InstanceStarted, LogLine, Stream
-from trainwarden.runtime.adoption import Adopted
-from trainwarden.runtime.control import ControlServer, Incarnation
+from trainwarden.runtime.adoption import Adopted, Announcements, executed_token, token_digest
+from trainwarden.runtime.control import ControlServer
 from trainwarden.runtime.inbox import Inbox
 from trainwarden.runtime.nodehost import NODE_VARIABLES, NodeHost, StartOrder, StopOrder, planned_env
 from trainwarden.runtime.stopping import alive, stop_process_groups
@@ -37,19 +38,29 @@ class _Output:
 
 
 class _ProcessAdopter:
-    """Another engine's processes: a test's own, proven by being announced."""
+    """Another engine's processes: started by the test, proven by the token
+    they were executed with once the actuator announced it."""
 
     def __init__(self):
-        self.expected: dict[str, Incarnation] = {}
-        self.found: list = []
+        self.announced = Announcements()
+        self.unproven: list[int] = []
+        self.events: list = []
         self.stopped: list[int] = []
 
     def expect(self, job_id, incarnations):
-        for instance, round_, start, digest in incarnations:
-            self.expected[digest] = Incarnation(job_id, instance, round_, start)
+        self.announced.expect(job_id, incarnations)
 
     def poll(self):
-        found, self.found = self.found, []
+        found = []
+        for pid in self.unproven:
+            token = executed_token(pid)
+            incarnation = self.announced.incarnation(token)
+            if incarnation is not None:
+                found += [Adopted(incarnation, token, pid, key=pid), InstanceStarted(
+                    job_id=incarnation.job_id, time=1.0, instance=incarnation.instance, round=incarnation.round,
+                    start=incarnation.start, node="n1", pid=pid)]
+        self.unproven = [pid for pid in self.unproven if pid not in {item.pid for item in found}]
+        found, self.events = found + self.events, []
         return found
 
     def stop(self, pids, grace_s):
@@ -101,29 +112,33 @@ def test_a_stop_hands_in_the_stacks_while_the_instance_is_alive_and_only_then_en
 def test_a_process_another_engine_started_is_adopted_followed_and_stopped_through_its_engine(tmp_path):
     inbox, output, engine = Inbox(), _Output(), _ProcessAdopter()
     host, control = _host(tmp_path, inbox, output=output, adopters=[lambda address: engine])
-    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                               env={"PATH": os.environ["PATH"], "TRAINWARDEN_TOKEN": "token-1"})
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                                env={"PATH": os.environ["PATH"], "TRAINWARDEN_TOKEN": "forged"})
     try:
-        host.expect(JOB, [("worker-0", 1, 0, "digest")])
-        incarnation = engine.expected["digest"]
-        engine.found = [Adopted(incarnation, "token-1", process.pid, key="task-0"),
-                        InstanceStarted(job_id=JOB, time=1.0, instance="worker-0", round=1, start=0, node="n1",
-                                        pid=process.pid),
-                        LogLine(job_id=JOB, time=1.0, instance="worker-0", round=1, start=0, text="step 1",
-                                stream=Stream.STDOUT)]
+        engine.unproven = [process.pid, stranger.pid]
+        host.poll()
+        assert host.running == {}  # nothing announced yet: nothing proven
+        host.expect(JOB, [("worker-0", 1, 0, token_digest("token-1"))])
+        engine.events = [LogLine(job_id=JOB, time=1.0, instance="worker-0", round=1, start=0, text="step 1",
+                                 stream=Stream.STDOUT)]
         host.poll()
         assert host.running[(JOB, "worker-0")].adopter is engine
+        assert host.running[(JOB, "worker-0")].pid == process.pid and engine.unproven == [stranger.pid]
         host.stop(StopOrder(JOB, grace_s=5.0), background=False)
         assert engine.stopped == [process.pid]
-        assert process.wait(5) == -15
-        engine.found = [InstanceExited(job_id=JOB, time=2.0, instance="worker-0", round=1, start=0, exit_code=143)]
+        assert process.wait(5) == -15 and stranger.poll() is None
+        engine.events = [InstanceExited(job_id=JOB, time=2.0, instance="worker-0", round=1, start=0, exit_code=143)]
         host.poll()
         host.ship()
         assert [e.pid for e in output.started] == [process.pid] and output.lines == ["step 1"]
         assert [(e.exit_code, e.tail) for e in output.exited] == [(143, ("step 1",))]
         assert (JOB, "worker-0") not in host.running
     finally:
-        process.kill()
-        process.wait()
+        for proc in (process, stranger):
+            proc.kill()
+            proc.wait()
         host.close()
         control.close()
 

@@ -11,7 +11,9 @@ task). The node host knows no engine: it takes a list of adopters.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Hashable, Protocol, Sequence
+import hashlib
+from pathlib import Path
+from typing import Callable, Hashable, Optional, Protocol, Sequence
 
 from trainwarden.runtime.control import Incarnation
 
@@ -46,3 +48,36 @@ class Adopter(Protocol):
 # Built once the node's SDK endpoint listens: told its address (the
 # engine's processes find it there).
 AdopterFactory = Callable[[str], Adopter]
+
+
+def token_digest(token: str) -> str:
+    """How the actuator announces a token: never the token itself on the bus."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Announcements:
+    """The incarnations the actuator announced for this node's adopters:
+    a token proves a process only when it hashes to one of these."""
+
+    def __init__(self):
+        self._by_digest: dict[str, Incarnation] = {}
+
+    def expect(self, job_id: str, incarnations: Sequence[tuple[str, int, int, str]]) -> None:
+        for instance, round_, start, digest in incarnations:
+            self._by_digest[digest] = Incarnation(job_id, instance, round_, start)
+
+    def incarnation(self, token: Optional[str]) -> Optional[Incarnation]:
+        return self._by_digest.get(token_digest(token)) if token else None
+
+
+def executed_token(pid: int) -> Optional[str]:
+    """The incarnation token the process was executed with (its
+    ``/proc/PID/environ``, which only its exec set)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    for item in raw.split(b"\0"):
+        if item.startswith(b"TRAINWARDEN_TOKEN="):
+            return item.split(b"=", 1)[1].decode("utf-8", errors="replace")
+    return None

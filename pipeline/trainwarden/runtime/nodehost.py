@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
+from trainwarden.clock import now as clock_now
 from trainwarden.events import Event, InstanceExited, InstanceSpec, InstanceStarted, LogLine
 from trainwarden.runtime.adoption import Adopted, Adopter, AdopterFactory
 from trainwarden.runtime.control import ControlServer, Incarnation
@@ -164,7 +165,7 @@ class NodeHost:
                  stack_timeout_s: float = 0.0, log_dir: Optional[Path] = None,
                  log_limits: LogFileLimits = LogFileLimits(), counters: Optional[HostCounters] = None,
                  dumps_to: Optional[Callable[[str, str, list, list], None]] = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = clock_now):
         """``sink``/``line_sink``: where each job's processes' events go
         (``runtime/local.py``); ``output``: set when this host follows the
         output itself (events come back through ``take``); ``say(job, text)``

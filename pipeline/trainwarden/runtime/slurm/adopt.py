@@ -22,14 +22,12 @@ late loses nothing.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Callable, Optional
 
 from trainwarden.clock import now as clock_now
 from trainwarden.events import InstanceExited, InstanceStarted, LogLine, Stream
-from trainwarden.runtime.adoption import Adopted, AdopterFactory
-from trainwarden.runtime.control import Incarnation
+from trainwarden.runtime.adoption import Adopted, AdopterFactory, Announcements, executed_token, token_digest
 from trainwarden.runtime.slurm.files import (
     ADOPTION_WAIT_S,
     TaskExited,
@@ -38,16 +36,15 @@ from trainwarden.runtime.slurm.files import (
     TaskLines,
     TaskStarted,
 )
-from trainwarden.runtime.slurm.proof import standby_token, token_of, wrapper_token
+from trainwarden.runtime.slurm.proof import standby_token, wrapper_token
 from trainwarden.runtime.stopping import alive, stop_process_groups
+
+# token_digest: how runtime.py announces the tokens these tasks are proven by.
+__all__ = ["UNANNOUNCED_S", "SlurmTasks", "adopter", "address_file", "token_digest"]
 
 # A task can start before its announcement arrives (the bus and the
 # manifest directory race); after this long it is not ours to follow.
 UNANNOUNCED_S = ADOPTION_WAIT_S
-
-
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def address_file(control_dir: Path, node: str) -> Path:
@@ -66,7 +63,7 @@ class SlurmTasks:
         self.files = TaskFiles(self.directory / "manifests", node, output_dir=self.directory / "outputs")
         self.clock = clock
         self.node = node
-        self.expected: dict[str, Incarnation] = {}  # token digest -> incarnation the actuator issued
+        self.announced = Announcements()  # the incarnations the actuator issued tokens for
         self.adopted: dict[TaskKey, Adopted] = {}
         self._waiting: list[tuple[float, TaskStarted]] = []
         self.refused = 0
@@ -77,8 +74,7 @@ class SlurmTasks:
         tmp.replace(path)
 
     def expect(self, job_id: str, incarnations) -> None:
-        for instance, round_, start, digest in incarnations:
-            self.expected[digest] = Incarnation(job_id, instance, round_, start)
+        self.announced.expect(job_id, incarnations)
 
     def poll(self) -> list:
         """For the node host: Adopted first, then InstanceStarted, LogLine
@@ -105,7 +101,7 @@ class SlurmTasks:
 
     def _start(self, started: TaskStarted, since: float, now: float, out: list) -> None:
         token, pid = _token(started)
-        incarnation = self.expected.get(token_digest(token)) if token else None
+        incarnation = self.announced.incarnation(token)
         if incarnation is None or incarnation.instance != started.instance:
             if now - since < UNANNOUNCED_S and started.key not in self.adopted:
                 self._waiting.append((since, started))
@@ -131,7 +127,7 @@ def _token(started: TaskStarted) -> tuple[Optional[str], int]:
     pid to follow: 0 when the instance's process is gone already (nothing
     to signal or dump; a pid reused since must never be)."""
     if started.pid:
-        token = token_of(started.pid)
+        token = executed_token(started.pid)
         if token is None and started.task_pid is not None:
             token = standby_token(started.task_pid, started.pid)
         if token is not None:
