@@ -1,11 +1,11 @@
 """Adopting a process another engine started: the node host's plug-in point.
 
-Some engines start the instances themselves (Slurm's srun, a Kubernetes
-pod); the node host then follows them like its own, but only once their
-incarnation is proven: the actuator announces the incarnations it issued
-tokens for (``expect``), and the engine's own package checks that a process
-on this node really is one of them (``runtime/slurm/proof.py`` for a Slurm
-task). The node host knows no engine: it takes a list of adopters.
+Some engines start the instances themselves (a batch scheduler's task
+launcher, a Kubernetes pod); the node host then follows them like its own,
+but only once their incarnation is proven: the actuator announces the
+incarnations it issued tokens for (``expect``), and the engine's own package
+(``runtime/<engine>/``) checks that a process on this node really is one of
+them. The node host knows no engine: it takes a list of adopters.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ class StopOrder:
 
 
 # What the node an incarnation lands on sets itself, when another engine
-# places it there (Slurm's task wrapper: torchrun's variables from Slurm's,
+# places it there (a batch scheduler's task wrapper: torchrun's variables from its own,
 # the node agent's SDK address).
 NODE_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                   "MASTER_PORT", "TRAINWARDEN_NODE", "TRAINWARDEN_CONTROL", "TRAINWARDEN_SDK_SOCKET")
@@ -399,9 +399,6 @@ class NodeHost:
             running = self.running.get((job_id, name))
             if running is not None:
                 self.control.mark_stopping(running.token)
-
-    def stops_under_way(self) -> list[threading.Thread]:
-        return [t for t in self._stoppers if t.is_alive()]
 
     # ------------------------------------------------------------ the main loop's turn
 

@@ -38,8 +38,8 @@ from trainwarden.runtime.local import with_parent_death_signal, kill_incarnation
 from trainwarden.runtime.slurm import handoff
 from trainwarden.runtime.slurm.task import write_json_atomic
 from trainwarden.runtime.standby import is_module_name, python_invocation
-from trainwarden.runtime.stopping import signal_group
 from trainwarden.runtime.standby_pool import StandbyPool
+from trainwarden.runtime.stopping import signal_group
 
 PROG = "trainwarden-standby-host"
 REQUEST_S = 30.0  # a connected task has this long to send its request
