@@ -59,10 +59,11 @@ from trainwarden.diagnose.collect import DEFAULT_TIMEOUT_S
 from trainwarden.runtime.agents import ClusterJob
 from trainwarden.runtime.base import (Capability, CapacityTaken, EngineError, JobToRun, NodeDown, NodeIsolated,
                                       RuntimeEvent)
-from trainwarden.runtime.environment import instance_env, job_env, sdk_import_dir
+from trainwarden.runtime.environment import job_env, sdk_import_dir
 from trainwarden.runtime.nodes import Cluster, master_port
 from trainwarden.runtime.run_as import RunAs, share_sdk_path
-from trainwarden.runtime.slurm.adopt import token_digest
+from trainwarden.runtime.adoption import token_digest
+from trainwarden.runtime.nodehost import StartOrder, planned_env
 from trainwarden.runtime.slurm.handoff import TASK_TOKENS, in_workdir, ready_name
 from trainwarden.runtime.slurm.cli import SlurmCli, SlurmError
 from trainwarden.runtime.slurm.parse import JobState, NodeState, SlurmJob, round_task_env
@@ -301,15 +302,11 @@ class SlurmRuntime(ClusterJob):
         """One instance of a plan: its command and the environment every runtime builds."""
         spec = self.specs[name]
         role = self.spec.role(spec.role)
-        env = instance_env(
-            base={}, job_id=self.job_id, spec=spec, world_size=len(self.specs), round_=round_, start=start,
-            max_restarts=self.settings.max_num_of_job_restart, master_addr="", master_port=0,
-            control_address="", token=token, sdk_path=self.sdk_path,
-            extra=job_env(self.spec, role, self.settings), node="")
-        # Slurm's and the node's: task.py sets them (torchrun's from Slurm's, the agent's SDK address).
-        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                    "MASTER_PORT", "TRAINWARDEN_NODE", "TRAINWARDEN_CONTROL", "TRAINWARDEN_SDK_SOCKET"):
-            env.pop(key, None)
+        order = StartOrder(job_id=self.job_id, spec=spec, command=(), round=round_, start=start,
+                           world_size=len(self.specs), max_restarts=self.settings.max_num_of_job_restart,
+                           master_addr="", master_port=0, env=job_env(self.spec, role, self.settings))
+        # Slurm's and the node's variables are left out: task.py sets them (torchrun's from Slurm's).
+        env = planned_env(order, token, self.sdk_path)
         command = list(role.command)
         if self.spec.workdir:
             command = in_workdir(self.spec.workdir, command)
