@@ -52,6 +52,7 @@ class Followed:
     start: int
     uid: str
     pod_pid: int
+    node: str = ""
     host_pid: int = 0
     offset: int = 0
     partial: bytes = b""
@@ -91,7 +92,7 @@ class PodHosts:
         return (self.directory(uid) / SOCKET).exists()
 
     def run(self, uid: str, job_id: str, instance: str, round_: int, start: int, command: list, env: dict,
-            cwd: str = "") -> int:
+            cwd: str = "", node: str = "") -> int:
         """Hand an incarnation to the pod's host; its pid in the pod (0: it could not start)."""
         answer = self._ask(uid, {"run": {"instance": instance, "round": round_, "start": start,
                                          "command": list(command), "env": dict(env), "cwd": cwd}})
@@ -99,7 +100,8 @@ class PodHosts:
         if not isinstance(pid, int) or isinstance(pid, bool):
             raise PodHostError(f"the pod host of pod {uid} refused incarnation {round_}/{start} of {instance}: "
                                f"{str(answer.get('refused', answer))[:300]}")
-        self.followed[(job_id, instance, round_, start)] = Followed(job_id, instance, round_, start, uid, pid)
+        self.followed[(job_id, instance, round_, start)] = Followed(job_id, instance, round_, start, uid, pid,
+                                                                  node or self.node)
         self._adopt(self.followed[(job_id, instance, round_, start)], env.get("TRAINWARDEN_TOKEN", ""))
         return pid
 
@@ -138,7 +140,7 @@ class PodHosts:
             if not followed.started and (directory / f"{stem}.start.json").exists():
                 followed.started = True
                 out.append(InstanceStarted(job_id=followed.job_id, time=now, instance=followed.instance,
-                                           round=followed.round, start=followed.start, node=self.node,
+                                           round=followed.round, start=followed.start, node=followed.node,
                                            pid=followed.host_pid))
             ended = _exit_code(directory / f"{stem}.exit.json")
             out.extend(self._lines(followed, directory / f"{stem}.out", now, flush=ended is not None))

@@ -1,0 +1,386 @@
+"""The ``kubernetes`` runtime: one job's instances as pods, one per instance,
+restarted in place.
+
+- The first start of an instance creates its pod (manifests.pod_manifest):
+  its container runs the pod host (pod_host.py), which waits. Once the pod
+  runs, each incarnation is handed to that pod host (through the node's
+  agent, node_side.PodHosts) with the environment every runtime builds
+  (environment.instance_env: the round's port, the token, the rank-0 pod's
+  address). A job restart is the next incarnation in the same pods: no pod
+  is deleted or rescheduled while it and its node are healthy.
+- Only what must move is recreated: a pod on a node Trainwarden isolated,
+  a node that is lost, a pod Kubernetes took away (DisruptionTarget) or
+  whose container ended. Its replacement (the next generation of the
+  instance's pod) keeps off those nodes (node affinity) and off every node
+  carrying the isolation taint.
+- Isolating a node cordons it, taints it ``trainwarden.io/isolated``
+  (NoSchedule), labels it and writes the reason in an annotation
+  (manifests.isolate_patch); ``uncordon`` removes exactly those.
+- What Kubernetes reports is translated into typed events (observe.py)
+  and handed to ``emit``: node loss, preemption (not a fault), a pod whose
+  container ended.
+- The job's end deletes every pod of it (by its label): none is left.
+- Before the first pod, the namespace and every verb the runtime uses are
+  checked (KubeApi.preflight): a job the cluster cannot run fails at once,
+  in one sentence, with nothing created. A transient API error is retried
+  (api.py) and, if it lasts, tried again on the next turn, counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+from typing import Callable, Mapping, Optional, Protocol, Sequence
+
+from trainwarden.events import InstanceSpec, JobSpec
+from trainwarden.runtime.agents import ClusterJob, ClusterPort
+from trainwarden.runtime.base import Capability
+from trainwarden.runtime.environment import instance_env, job_env
+from trainwarden.runtime.kubernetes.api import KubeApi, KubeError
+from trainwarden.runtime.kubernetes.manifests import (
+    isolate_patch,
+    job_selector,
+    pod_manifest,
+    uncordon_patch,
+    with_isolation_taint,
+)
+from trainwarden.runtime.kubernetes.node_side import PodHostError
+from trainwarden.runtime.kubernetes.observe import Incarnation, node_view, pod_view, translate
+from trainwarden.runtime.kubernetes.section import ISOLATED_TAINT, KubernetesSection, from_wire
+from trainwarden.runtime.nodes import master_port
+from trainwarden.settings import JobSettings
+from trainwarden.yamlsrc import ConfigError
+
+WATCH_EVERY_S = 1.0
+POD_HOST_MODULE = "trainwarden.runtime.kubernetes.pod_host"
+
+
+class PodDriver(Protocol):
+    """How an incarnation reaches the pod host on its pod's node: the node's
+    agent (node_side.PodHosts behind it); in CI, where the actuator shares
+    the machine with the kubelets, a PodHosts of its own."""
+
+    def ready(self, node: str, uid: str) -> bool: ...
+    def run(self, node: str, uid: str, job_id: str, instance: str, round_: int, start: int,
+            command: Sequence[str], env: Mapping[str, str], cwd: str) -> None: ...
+    def stop(self, node: str, uid: str, grace_s: float) -> None: ...
+    def poll(self) -> list: ...
+
+
+@dataclasses.dataclass
+class KubeSite:
+    """Where this actuator reaches Kubernetes. ``python``: the interpreter
+    that runs the pod host in the job's image; ``state_dir``: the nodes'
+    directory the pod hosts and agents share (a hostPath)."""
+
+    api: KubeApi
+    driver: "PodDriver"
+    emit: Callable[[object], None]  # typed events (node loss, preemption, exits) for the job's engine
+    python: str = "python3"
+    state_dir: str = "/var/lib/trainwarden/pods"
+    host_network: bool = True
+
+
+@dataclasses.dataclass
+class _Pod:
+    name: str
+    generation: int
+    uid: str = ""
+    node: str = ""
+    bad: str = ""  # why it must be replaced, "" while it may run incarnations
+    ran: Optional[tuple[int, int]] = None  # the incarnation its host runs, None once stopped
+    runs: int = 0  # incarnations handed to its host: more than one is a restart in place
+
+
+def section_of(spec: JobSpec) -> KubernetesSection:
+    try:
+        options = json.loads(spec.runtime_options) if spec.runtime_options else {}
+    except ValueError:
+        options = None
+    if not isinstance(options, dict) or "kubernetes" not in options:
+        raise ConfigError("the job has no kubernetes: section; the kubernetes runtime needs at least its image",
+                          "the submitted job", hint="add 'kubernetes: {image: ...}' to the job file")
+    return from_wire(options["kubernetes"])
+
+
+class KubernetesRuntime(ClusterJob):
+    capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.ISOLATE_NODE,
+                              Capability.STACK_DUMP})
+    places_itself = True
+
+    def __init__(self, port: ClusterPort, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec],
+                 settings: JobSettings, site: KubeSite):
+        super().__init__(port, job_id, spec, instances, settings)
+        self.section = section_of(spec)
+        self.site = site
+        self.api = site.api
+        self.pods: dict[str, _Pod] = {}
+        self.pending: dict[str, tuple[int, int]] = {}
+        self.avoid: set[str] = set()  # isolated here, or lost: no new pod goes there
+        self.node_addresses: dict[str, str] = {}
+        self.said: frozenset = frozenset()
+        self.preempted_rounds: set[int] = set()
+        self.checked = False
+        self.failed = ""  # a permanent error: the job cannot run here
+        self.errors = 0  # API calls that failed (transient ones included), counted
+        self.created = 0
+        self.recreated = 0
+        self.in_place = 0
+        self._next_watch = 0.0
+
+    # ------------------------------------------------------------ protocol
+
+    def start(self, name: str, round_: int, start: int) -> None:
+        self.incarnation[name] = (round_, start)
+        self.pending[name] = (round_, start)
+        self._advance()
+
+    def stop(self, names: Sequence[str], snapshot: str = "", incarnations=None) -> None:
+        for name in names:
+            self.pending.pop(name, None)
+        # The agents stop what they adopted (stack dumps first when asked);
+        # where no agent adopted it (CI's driver), the pod host stops it.
+        self.stop_on_agents(names, snapshot, incarnations)
+        for name in names:
+            pod = self.pods.get(name)
+            if pod is not None and pod.ran is not None and pod.uid and not pod.bad:
+                self._drive(self.site.driver.stop, pod.node, pod.uid, self.spec.stop_grace_s)
+                pod.ran = None
+
+    def isolate_node(self, node: str, reason: str) -> None:
+        self.avoid.add(node)
+        isolate(self.api, node, reason, on_error=self._error)
+        self.port.isolate(node, True, reason)
+
+    def retry_waiting(self) -> None:
+        """Each turn of the actuator's loop: what Kubernetes says, then what waits."""
+        now = self.port.clock()
+        if now >= self._next_watch:
+            self._next_watch = now + WATCH_EVERY_S
+            self._watch()
+        for event in self.site.driver.poll():
+            self.site.emit(event)
+        self._advance()
+
+    def finish(self) -> None:
+        """The job is over: every pod of it is deleted (the pod host stops
+        what still runs, within the grace); none is left behind."""
+        self.pending.clear()
+        names = {pod.name for pod in self.pods.values()}
+        listed = self._call(self.api.pods, self.section.namespace, job_selector(self.job_id)) or []
+        names |= {pod["metadata"]["name"] for pod in listed}
+        for name in sorted(names):
+            self._call(self.api.delete_pod, name, self.section.namespace, int(self.spec.stop_grace_s))
+        self.pods.clear()
+
+    # ------------------------------------------------------------ acting
+
+    def _advance(self) -> None:
+        if self.failed or not self.pending:
+            return
+        if not self.checked:
+            try:
+                self.api.preflight(self.section.namespace)
+            except KubeError as exc:
+                self._error(exc)  # unavailable: tried again next turn; else the job cannot run
+                return
+            self.checked = True
+        for name in sorted(self.pending, key=lambda n: self.specs[n].rank):
+            pod = self.pods.get(name)
+            if pod is not None and pod.node in self.avoid and not pod.bad:
+                pod.bad = f"its node {pod.node} is to be avoided (isolated or lost)"
+            if pod is None or pod.bad:
+                self._create(name, pod)
+                continue
+            if not pod.uid or not pod.node or not self.site.driver.ready(pod.node, pod.uid):
+                continue  # not running yet: the next turn
+            master = self._master_address()
+            if master is None:
+                continue
+            round_, start = self.pending.pop(name)
+            self._run(name, pod, round_, start, master)
+
+    def _create(self, name: str, old: Optional[_Pod]) -> None:
+        """The instance's pod (its next generation, the old one deleted),
+        away from every node to avoid. Created pods of a first round that
+        cannot all be created are deleted again: no half-created job."""
+        spec = self.specs[name]
+        role = self.spec.role(spec.role)
+        generation = old.generation + 1 if old is not None else 0
+        if old is not None:
+            self._call(self.api.delete_pod, old.name, self.section.namespace, 0)
+            self.recreated += 1
+        round_ = self.pending[name][0]
+        manifest = pod_manifest(
+            job_id=self.job_id, spec=spec, world_size=len(self.specs), generation=generation, round_=round_,
+            section=self.section, command=[self.site.python, "-m", POD_HOST_MODULE, "--grace",
+                                           str(self.spec.stop_grace_s), *(["--preload", ",".join(self.spec.preload)]
+                                                                          if self.spec.preload else [])],
+            env=job_env(self.spec, role, self.settings), master_addr=self._master_address() or "",
+            master_port=master_port(self.job_id, round_), avoid_nodes=sorted(self.avoid),
+            host_network=self.site.host_network, state_dir=self.site.state_dir, grace_s=self.spec.stop_grace_s,
+            workdir=self.spec.workdir)
+        created = self._call(self.api.create_pod, manifest)
+        if created is None:
+            if self.failed:
+                self._undo()
+            return
+        self.created += 1
+        self.pods[name] = _Pod(manifest["metadata"]["name"], generation, uid=created["metadata"].get("uid", ""))
+
+    def _undo(self) -> None:
+        for pod in self.pods.values():
+            self._call(self.api.delete_pod, pod.name, self.section.namespace, 0)
+        self.pods.clear()
+
+    def _run(self, name: str, pod: _Pod, round_: int, start: int, master: str) -> None:
+        spec = self.specs[name]
+        role = self.spec.role(spec.role)
+        env = instance_env(
+            base={}, job_id=self.job_id, spec=spec, world_size=len(self.specs), round_=round_, start=start,
+            max_restarts=self.settings.max_num_of_job_restart, master_addr=master,
+            master_port=master_port(self.job_id, round_), control_address="", token=secrets.token_urlsafe(24),
+            sdk_path="", extra=job_env(self.spec, role, self.settings), node=pod.node)
+        for key in ("TRAINWARDEN_SDK_SOCKET", "PYTHONPATH"):
+            env.pop(key, None)  # the node's (its agent's endpoint) and the image's
+        if pod.runs:
+            self.in_place += 1
+        pod.ran, pod.runs = (round_, start), pod.runs + 1
+        self.port.cluster.placement.setdefault(self.job_id, {})[name] = pod.node
+        self.nodes_used.add(pod.node)
+        if not self._drive(self.site.driver.run, pod.node, pod.uid, self.job_id, name, round_, start,
+                           list(role.command), env, self.spec.workdir):
+            self.pending[name] = (round_, start)  # the host did not take it: the next turn
+            pod.ran = None
+
+    def _master_address(self) -> Optional[str]:
+        rank0 = min(self.specs.values(), key=lambda s: s.rank).name
+        pod = self.pods.get(rank0)
+        if pod is None or not pod.node:
+            return None
+        return self.node_addresses.get(pod.node) or pod.node
+
+    # ------------------------------------------------------------ watching
+
+    def _watch(self) -> None:
+        listed = self._call(self.api.pods, self.section.namespace, job_selector(self.job_id))
+        nodes = self._call(self.api.nodes)
+        if listed is None or nodes is None:
+            return
+        node_views = {view.name: view for view in map(node_view, nodes)}
+        self.node_addresses = {name: view.address for name, view in node_views.items() if view.address}
+        by_name = {pod.name: name for name, pod in self.pods.items()}
+        current = {}
+        views = [pod_view(pod) for pod in listed]
+        for view in views:
+            name = by_name.get(view.name)
+            if name is None:
+                continue
+            pod = self.pods[name]
+            pod.uid, pod.node = view.uid or pod.uid, view.node
+            round_, start = self.incarnation.get(name, (0, 0))
+            current[view.name] = Incarnation(name, round_, start)
+            node = node_views.get(view.node)
+            if view.node and (node is None or not node.ready):
+                self.avoid.add(view.node)
+                pod.bad = pod.bad or f"its node {view.node} is lost"
+            elif view.node and node is not None and node.isolated:
+                pod.bad = pod.bad or f"its node {view.node} is isolated"
+            elif view.disruption or view.deleting:
+                pod.bad = pod.bad or f"Kubernetes took it away ({view.disruption or 'deleted'})"
+            elif view.exit_code is not None:
+                pod.bad = pod.bad or f"its container ended ({view.exit_reason or view.exit_code})"
+        for name, pod in self.pods.items():
+            if pod.name not in {view.name for view in views} and pod.uid:
+                pod.bad = pod.bad or "it is gone"
+        events, self.said = translate(self.job_id, self.port.clock(), views, node_views, current, self.said)
+        for event in events:
+            if type(event).__name__ == "Preempted":
+                if event.round in self.preempted_rounds:
+                    continue  # one preemption a round, however many pods went
+                self.preempted_rounds.add(event.round)
+            self.site.emit(event)
+
+    # ------------------------------------------------------------ errors
+
+    def _call(self, fn, *args):
+        """fn's result; None (counted and said) when the API failed: tried
+        again next turn, or, for a permanent error, the job cannot run."""
+        try:
+            return fn(*args)
+        except KubeError as exc:
+            self._error(exc)
+            return None
+
+    def _drive(self, fn, *args) -> bool:
+        """The driver's call; False (counted) when the pod host did not take it: tried again next turn."""
+        try:
+            fn(*args)
+            return True
+        except (PodHostError, OSError) as exc:
+            self.errors += 1
+            self.last_error = str(exc)
+            return False
+
+    def _error(self, exc: KubeError) -> None:
+        self.errors += 1
+        self.last_error = str(exc)
+        if exc.permanent and not self.failed:
+            self.failed = str(exc) + (f" (hint: {exc.hint})" if exc.hint else "")
+            self.port.slurm_error(self.job_id, self.failed)  # main's ClusterPort says engine errors so
+
+    last_error = ""
+
+
+def isolate(api: KubeApi, node: str, reason: str, on_error: Callable[[KubeError], None] = None) -> bool:
+    """Cordon and taint the node, its reason in an annotation; False when the API refused (said to on_error)."""
+    try:
+        current = api.node(node)
+        if current is None:
+            return False
+        patch = isolate_patch(reason)
+        patch["spec"]["taints"] = with_isolation_taint((current.get("spec") or {}).get("taints"), reason)
+        api.patch_node(node, patch)
+        return True
+    except KubeError as exc:
+        if on_error is None:
+            raise
+        on_error(exc)
+        return False
+
+
+def uncordon(api: KubeApi, node: str) -> bool:
+    """``trainwarden nodes uncordon NODE``: undo an isolation by Trainwarden
+    (only: a node cordoned by someone else, with no taint of ours, stays as
+    it is). True when there was one to undo."""
+    current = api.node(node)
+    if current is None:
+        return False
+    taints = (current.get("spec") or {}).get("taints") or []
+    if not any(t.get("key") == ISOLATED_TAINT for t in taints):
+        return False
+    api.patch_node(node, uncordon_patch(taints))
+    return True
+
+
+class LocalPodDriver:
+    """The pod hosts reached from this machine (node_side.PodHosts): where
+    the actuator runs beside the kubelets, as in CI. On a real cluster the
+    node's agent does this for the actuator."""
+
+    def __init__(self, hosts):
+        self.hosts = hosts
+
+    def ready(self, node: str, uid: str) -> bool:
+        return self.hosts.ready(uid)
+
+    def run(self, node: str, uid: str, job_id: str, instance: str, round_: int, start: int,
+            command: Sequence[str], env: Mapping[str, str], cwd: str) -> None:
+        self.hosts.run(uid, job_id, instance, round_, start, list(command), dict(env), cwd, node=node)
+
+    def stop(self, node: str, uid: str, grace_s: float) -> None:
+        self.hosts.stop(uid, grace_s)
+
+    def poll(self) -> list:
+        return self.hosts.poll()
