@@ -27,9 +27,10 @@ from lightkube.types import PatchType
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 BACKOFF_S = (0.1, 0.3, 0.6)  # about a second in all: the actuator's loop must not stall
 FIELD_MANAGER = "trainwarden"
-# What the actuator does, and so the RBAC it needs (deploy/k8s's Role and ClusterRole list the same).
+# What the actuator does, and so the RBAC it needs (deploy/k8s/actuator-rbac.yaml grants these;
+# not pods/eviction: evicting is how others preempt the job's pods, never the actuator's own way).
 NEEDED = (("create", "pods", ""), ("delete", "pods", ""), ("list", "pods", ""), ("get", "pods", ""),
-          ("create", "pods", "eviction"), ("get", "nodes", ""), ("list", "nodes", ""), ("patch", "nodes", ""))
+          ("get", "nodes", ""), ("list", "nodes", ""), ("patch", "nodes", ""))
 
 
 class KubeError(Exception):
