@@ -71,7 +71,7 @@ def job(api, namespace):
     spec = JobSpec(roles=(RoleSpec("worker", 2, (sys.executable, "-u", "-c", TRAIN)),), runtime="kubernetes",
                    stop_grace_s=3.0, runtime_options=json.dumps({"kubernetes": section.to_wire()}))
     site = KubeSite(api=api, driver=LocalPodDriver(PodHosts(state, "", time.monotonic)), emit=events.append,
-                    python=sys.executable, state_dir=str(state))
+                    python=sys.executable, state_dir=str(state), rendezvous_by_name=True)
     runtime = KubernetesRuntime(port, f"kjob-{uuid.uuid4().hex[:6]}", spec, INSTANCES, JobSettings(), site)
     yield runtime, events, port
     runtime.finish()

@@ -80,6 +80,9 @@ class KubeSite:
     python: str = "python3"
     state_dir: str = "/var/lib/trainwarden/pods"
     host_network: bool = True
+    # MASTER_ADDR is the rank-0 pod's node's name rather than its InternalIP
+    # (a cluster whose node names resolve where the addresses do not route, as the local one's).
+    rendezvous_by_name: bool = False
 
 
 @dataclasses.dataclass
@@ -259,6 +262,8 @@ class KubernetesRuntime(ClusterJob):
         pod = self.pods.get(rank0)
         if pod is None or not pod.node:
             return None
+        if self.site.rendezvous_by_name:
+            return pod.node
         return self.node_addresses.get(pod.node) or pod.node
 
     # ------------------------------------------------------------ watching
