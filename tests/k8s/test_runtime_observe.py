@@ -5,6 +5,8 @@ conditions, node conditions, container states, Kubernetes 1.34)."""
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 from trainwarden.events import InstanceExited, NodeLost, Preempted
 from trainwarden.runtime.kubernetes.observe import Incarnation, node_view, pod_view, translate
@@ -122,3 +124,32 @@ def test_a_node_view_knows_its_address_and_trainwardens_isolation():
     assert (view.ready, view.isolated, view.address) == (True, True, "127.0.0.1")
     assert "Kubelet stopped posting" in node_view(_node(status="Unknown", reason="NodeStatusUnknown",
                                                         message="Kubelet stopped posting node status.")).trouble
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def _captured(name):
+    """An object as the local cluster's apiserver returned it (tests/k8s/data, captured by hand)."""
+    return json.loads((DATA / name).read_text())
+
+
+def test_a_pod_the_real_apiserver_evicted_is_a_preemption():
+    pod = _captured("pod_evicted.json")
+    current = {pod["metadata"]["name"]: Incarnation("worker-0", 4, 1)}
+    node = _captured("node_ready.json")
+    node["metadata"]["name"] = pod["spec"]["nodeName"]
+    events, _ = translate("job", NOW, [pod_view(pod)], {node["metadata"]["name"]: node_view(node)}, current,
+                          frozenset())
+    assert [type(e) for e in events] == [Preempted]
+    assert events[0].round == 4 and "evicted through the Eviction API: Eviction API: evicting" in events[0].reason
+
+
+def test_a_pod_whose_container_failed_on_the_real_cluster_is_its_instances_exit():
+    pod = _captured("pod_failed.json")
+    current = {pod["metadata"]["name"]: Incarnation("worker-0", 0, 0)}
+    node = _captured("node_ready.json")
+    node["metadata"]["name"] = pod["spec"]["nodeName"]
+    events, _ = translate("job", NOW, [pod_view(pod)], {node["metadata"]["name"]: node_view(node)}, current,
+                          frozenset())
+    assert [(type(e), e.exit_code) for e in events] == [(InstanceExited, 3)]
