@@ -6,6 +6,7 @@ KUBECONFIG; skipped, saying why, otherwise."""
 
 from __future__ import annotations
 
+import msgspec
 import json
 import os
 import shutil
@@ -167,3 +168,16 @@ def test_an_unknown_namespace_is_one_sentence_and_nothing_is_created(api, job):
     assert port.errors == ["the namespace 'no-such-namespace' does not exist on the cluster (hint: create it "
                            "(kubectl create namespace no-such-namespace) or fix 'kubernetes.namespace')"]
     assert runtime.pods == {}
+
+
+def test_with_preload_an_in_place_restart_runs_in_a_warm_standby_of_the_pod(api, job):
+    runtime, events, port = job
+    runtime.spec = msgspec.structs.replace(runtime.spec, preload=("json",))
+    _round(runtime, events, 0)
+    runtime.stop([s.name for s in INSTANCES])
+    _pump(runtime, events, lambda: sum(isinstance(e, InstanceExited) for e in events) == 2, what="the stops")
+    _round(runtime, events, 1)
+    second = [e for e in events if isinstance(e, InstanceStarted) and e.round == 1]
+    assert len(second) == 2 and all(e.pid > 0 for e in second)
+    for started in second:
+        assert b"standby.py" in Path(f"/proc/{started.pid}/cmdline").read_bytes(), "not from a standby"
