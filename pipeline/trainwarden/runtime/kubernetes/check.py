@@ -1,0 +1,56 @@
+"""Whether a job can run on the cluster, before it is submitted:
+``python -m trainwarden.runtime.kubernetes.check JOB.yaml [--kubeconfig PATH]``
+(``trainwarden submit --runtime kubernetes`` runs the same check).
+
+The job file's ``kubernetes:`` section, then the cluster: the apiserver
+answers, the namespace exists, every verb the runtime uses is allowed
+(KubeApi.preflight). The first problem is one sentence naming the field, the
+namespace or the permission, with a hint; exit 2. Nothing is created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional
+
+from trainwarden.runtime.kubernetes.api import KubeApi, KubeError
+from trainwarden.runtime.kubernetes.runtime import section_of
+from trainwarden.yamlsrc import ConfigError
+
+PROG = "trainwarden-kubernetes-check"
+REFUSED = 2
+
+
+def check(job_file: str, kubeconfig: Optional[str] = None, api: Optional[KubeApi] = None) -> str:
+    """"" when the job can run on the cluster; else the one sentence (and hint) saying why not."""
+    from trainwarden.jobspec import load_job_file
+
+    try:
+        section = section_of(load_job_file(job_file).spec())
+    except ConfigError as exc:
+        return str(exc) + (f" (hint: {exc.hint})" if exc.hint else "")
+    try:
+        (api or KubeApi.connect(kubeconfig)).preflight(section.namespace)
+    except KubeError as exc:
+        return str(exc) + (f" (hint: {exc.hint})" if exc.hint else "")
+    return ""
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description="can this job run on the Kubernetes cluster?")
+    parser.add_argument("job_file")
+    parser.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG, ~/.kube/config, in-cluster")
+    parser.add_argument("--json", action="store_true", help="one JSON object: {ok, error}")
+    args = parser.parse_args(argv)
+    problem = check(args.job_file, args.kubeconfig)
+    if args.json:
+        print(json.dumps({"ok": not problem, "error": problem}))
+    elif problem:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+    return REFUSED if problem else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
