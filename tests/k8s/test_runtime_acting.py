@@ -133,3 +133,17 @@ def test_a_create_refused_after_the_first_pod_leaves_no_half_created_job():
     runtime.start("worker-1", 0, 0)
     assert server.pods == {} and "may not create pods in namespace default" in port.errors[0]
     assert len(port.errors) == 1
+
+
+def test_an_operators_isolate_and_uncordon_are_done_in_kubernetes_and_a_foreign_cordon_is_left_alone():
+    server = MemoryApiserver()
+    runtime, port, driver, events, clock = _runtime(server)
+    site = runtime.site
+    assert site.node_state("n1", True, "isolate by an operator") == []
+    assert server.nodes["n1"]["spec"]["unschedulable"] is True
+    assert server.nodes["n1"]["metadata"]["annotations"]["trainwarden.io/isolated-reason"] == "isolate by an operator"
+    site.node_state("n1", False, "uncordon by an operator")
+    assert server.nodes["n1"]["spec"] == {"unschedulable": False, "taints": []}
+    server.nodes["n2"]["spec"]["unschedulable"] = True  # an administrator's own cordon, no taint of ours
+    site.node_state("n2", False, "uncordon by an operator")
+    assert server.nodes["n2"]["spec"]["unschedulable"] is True

@@ -71,13 +71,15 @@ class PodHosts:
     def directory(self, uid: str) -> Path:
         return self.state_dir / uid
 
-    def _ask(self, uid: str, request: dict) -> dict:
+    def _ask(self, uid: str, request: dict, answer: bool = True) -> dict:
         path = self.directory(uid) / SOCKET
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(ANSWER_S)
             try:
                 conn.connect(str(path))
                 conn.sendall((json.dumps(request) + "\n").encode())
+                if not answer:
+                    return {}
                 data = read_line(conn)
             except (OSError, ValueError) as exc:
                 why = getattr(exc, "strerror", None) or exc
@@ -106,7 +108,9 @@ class PodHosts:
         return pid
 
     def stop(self, uid: str, grace_s: float) -> None:
-        self._ask(uid, {"stop": {"grace_s": grace_s}})
+        """Asked, not waited for: the pods of a round stop together, each
+        within its grace; each exit arrives as the incarnation's exit file."""
+        self._ask(uid, {"stop": {"grace_s": grace_s}}, answer=False)
 
     def host_pid(self, key: tuple[str, str, int, int]) -> int:
         followed = self.followed.get(key)

@@ -84,6 +84,19 @@ class KubeSite:
     # (a cluster whose node names resolve where the addresses do not route, as the local one's).
     rendezvous_by_name: bool = False
 
+    def node_state(self, node: str, isolated: bool, reason: str) -> list:
+        """A node isolated or uncordoned by a rule or an operator (``trainwarden
+        nodes isolate|uncordon``): done in Kubernetes too. Uncordoning undoes
+        only an isolation by Trainwarden (its taint); nothing to say back."""
+        if isolated:
+            isolate(self.api, node, reason)
+        else:
+            uncordon(self.api, node)
+        return []
+
+    def describe(self) -> str:
+        return f"pods through {self.api.server or 'the kubeconfig'}'s apiserver; pod hosts in {self.state_dir}"
+
 
 @dataclasses.dataclass
 class _Pod:
