@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import re
 import secrets
 import shlex
@@ -68,7 +69,7 @@ class JobDefinition:
     runtime: str = "agents"
     # Modules a standby interpreter imports before it becomes an instance (runtime/standby.py).
     preload: tuple[str, ...] = ()
-    # The job file's engine section (``kubernetes:``), checked, as JSON for the spec on the bus.
+    # The job file's engine section (``kubernetes:``) as JSON, for its runtime's package to check and read.
     runtime_options: str = ""
 
     def instances(self) -> tuple[InstanceSpec, ...]:
@@ -210,7 +211,7 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
             check_preload(tuple(preload_raw), "'preload'")
     except ConfigError as exc:
         raise top.error("preload", str(exc), exc.hint) from None
-    runtime_options = _engine_section(top, path)
+    runtime_options = _engine_section(top)
     top.done()
     chosen = job_id or file_job_id
     final_id = check_job_id(chosen) if chosen else make_job_id(roles[0].command)
@@ -228,13 +229,10 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
     )
 
 
-def _engine_section(top: Fields, path: Path) -> str:
-    """The ``kubernetes:`` section, checked by its runtime's package, as JSON ("" without one)."""
+def _engine_section(top: Fields) -> str:
+    """The ``kubernetes:`` section as JSON for the spec ("" without one): a
+    mapping here; its runtime's package checks it strictly (at submit, and
+    again where the runtime is built), so this module imports no engine."""
     if "kubernetes" not in top.mapping:
         return ""
-    import json
-
-    from trainwarden.runtime.kubernetes.section import parse_section
-
-    section = parse_section(top.get("kubernetes", dict), path, top.line("kubernetes"))
-    return json.dumps({"kubernetes": section.to_wire()}, sort_keys=True)
+    return json.dumps({"kubernetes": top.get("kubernetes", dict)}, sort_keys=True, default=str)

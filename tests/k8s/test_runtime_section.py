@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from trainwarden.jobspec import load_job_file
+from trainwarden.runtime.kubernetes.check import job_section
+from trainwarden.runtime.kubernetes.runtime import section_of
 from trainwarden.runtime.kubernetes.section import HostPath, KubernetesSection, Toleration, from_wire
 from trainwarden.yamlsrc import ConfigError
 
@@ -36,7 +38,8 @@ def test_a_full_section_is_read_into_a_frozen_section_carried_with_the_job(tmp_p
   resources: {nvidia.com/gpu: 1, cpu: 4, memory: 16Gi}
   host_paths: [/usr, /data:rw]
 """))
-    section = from_wire(json.loads(job.spec().runtime_options)["kubernetes"])
+    section = job_section(str(tmp_path / "job.yaml"))
+    assert section_of(job.spec()) == section  # what the actuator reads back from the bus
     assert section == KubernetesSection(
         image="registry.example/team/train:1.4", namespace="training", service_account="trainer",
         image_pull_policy="Never", node_selector=(("accelerator", "a100"), ("pool", "spot")),
@@ -61,7 +64,7 @@ def test_a_job_file_without_the_section_carries_no_engine_options(tmp_path):
 def test_an_invalid_section_is_refused_in_one_sentence_naming_the_field_and_its_line(case):
     expected = re.match(r"# expect: (.*)", case.read_text()).group(1)
     with pytest.raises(ConfigError) as refused:
-        load_job_file(case)
+        job_section(str(case))
     message = str(refused.value)
     assert expected in message
     assert message.startswith(f"{case}:")  # the file and a line in it

@@ -15,9 +15,10 @@ import json
 import sys
 from typing import Optional
 
+from trainwarden.limits import JOB_FILE
 from trainwarden.runtime.kubernetes.api import KubeApi, KubeError
-from trainwarden.runtime.kubernetes.runtime import section_of
-from trainwarden.yamlsrc import ConfigError
+from trainwarden.runtime.kubernetes.section import KubernetesSection, parse_section
+from trainwarden.yamlsrc import Allowance, ConfigError, LineDict, load_yaml_file
 
 PROG = "trainwarden-kubernetes-check"
 REFUSED = 2
@@ -25,10 +26,8 @@ REFUSED = 2
 
 def check(job_file: str, kubeconfig: Optional[str] = None, api: Optional[KubeApi] = None) -> str:
     """"" when the job can run on the cluster; else the one sentence (and hint) saying why not."""
-    from trainwarden.jobspec import load_job_file
-
     try:
-        section = section_of(load_job_file(job_file).spec())
+        section = job_section(job_file)
     except ConfigError as exc:
         return str(exc) + (f" (hint: {exc.hint})" if exc.hint else "")
     try:
@@ -36,6 +35,17 @@ def check(job_file: str, kubeconfig: Optional[str] = None, api: Optional[KubeApi
     except KubeError as exc:
         return str(exc) + (f" (hint: {exc.hint})" if exc.hint else "")
     return ""
+
+
+def job_section(job_file: str) -> KubernetesSection:
+    """The job file's kubernetes: section, checked as loading the whole job
+    checks it (jobspec.py calls the same parse_section); the rest of the
+    file is the submit's to check."""
+    document = load_yaml_file(job_file, Allowance(JOB_FILE))
+    if not isinstance(document, LineDict) or "kubernetes" not in document:
+        raise ConfigError("the job file has no kubernetes: section; the kubernetes runtime needs at least its "
+                          "image", job_file, hint="add 'kubernetes: {image: ...}'")
+    return parse_section(document["kubernetes"], job_file, document.line_of("kubernetes"))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
