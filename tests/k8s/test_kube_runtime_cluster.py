@@ -10,6 +10,8 @@ import msgspec
 import json
 import os
 import shutil
+import socket
+import struct
 import sys
 import tempfile
 import time
@@ -181,3 +183,43 @@ def test_with_preload_an_in_place_restart_runs_in_a_warm_standby_of_the_pod(api,
     assert len(second) == 2 and all(e.pid > 0 for e in second)
     for started in second:
         assert b"standby.py" in Path(f"/proc/{started.pid}/cmdline").read_bytes(), "not from a standby"
+
+
+def test_an_incarnations_sdk_calls_reach_its_nodes_endpoint_as_the_adopted_host_process(api, namespace):
+    """The SDK channel: the node's endpoint (here a Unix socket standing where
+    the agent's listens) is mounted into the pod; the kernel names the caller
+    by its host pid, the very process the node side adopted."""
+    state = Path(tempfile.mkdtemp(prefix="twk-", dir="/tmp"))
+    agent_dir = Path(tempfile.mkdtemp(prefix="twa-", dir="/tmp"))
+    endpoint = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    endpoint.bind(str(agent_dir / "sdk.sock"))
+    endpoint.listen(4)
+    endpoint.settimeout(60)
+    events: list = []
+    call = ("import os, socket, time\n"
+            "s = socket.socket(socket.AF_UNIX); s.connect(os.environ['TRAINWARDEN_SDK_SOCKET'])\n"
+            "s.sendall(b'report_progress'); print('called', flush=True); time.sleep(60)\n")
+    section = KubernetesSection(image=IMAGE, namespace=namespace, image_pull_policy="Never",
+                                host_paths=tuple(HostPath(p) for p in sorted({"/usr", sys.base_prefix, str(ROOT)})))
+    spec = JobSpec(roles=(RoleSpec("worker", 1, (sys.executable, "-c", call)),), runtime="kubernetes",
+                   stop_grace_s=2.0, runtime_options=json.dumps({"kubernetes": section.to_wire()}))
+    hosts = PodHosts(state, "", time.monotonic, control_address=str(agent_dir / "sdk.sock"))
+    site = KubeSite(api=api, driver=LocalPodDriver(hosts), emit=events.append, python=sys.executable,
+                    state_dir=str(state), rendezvous_by_name=True, agent_dir=str(agent_dir))
+    runtime = KubernetesRuntime(Port(time.monotonic), f"kjob-{uuid.uuid4().hex[:6]}", spec, INSTANCES[:1],
+                                JobSettings(), site)
+    try:
+        runtime.start("worker-0", 0, 0)
+        _pump(runtime, events, lambda: any(isinstance(e, LogLine) and e.text == "called" for e in events),
+              what="the SDK call")
+        conn, _ = endpoint.accept()
+        pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                             struct.calcsize("3i")))
+        assert conn.recv(100) == b"report_progress"
+        started = [e for e in events if isinstance(e, InstanceStarted)]
+        assert [e.pid for e in started] == [pid]
+    finally:
+        runtime.finish()
+        endpoint.close()
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(agent_dir, ignore_errors=True)

@@ -60,7 +60,14 @@ class Followed:
 
 
 class PodHosts:
-    def __init__(self, state_dir: Path, node: str, clock: Callable[[], float], proc: Path = Path("/proc")):
+    def __init__(self, state_dir: Path, node: str, clock: Callable[[], float], proc: Path = Path("/proc"),
+                 control_address: str = ""):
+        """``control_address``: the node's SDK endpoint (a Unix socket the pods
+        reach through a hostPath at the same path, KubeSite.agent_dir); each
+        incarnation gets it as TRAINWARDEN_SDK_SOCKET. The endpoint tells the
+        caller by its host pid (SO_PEERCRED crosses PID namespaces), which
+        the adoption proved."""
+        self.control_address = control_address
         self.state_dir = Path(state_dir)
         self.node = node
         self.clock = clock
@@ -96,8 +103,11 @@ class PodHosts:
     def run(self, uid: str, job_id: str, instance: str, round_: int, start: int, command: list, env: dict,
             cwd: str = "", node: str = "") -> int:
         """Hand an incarnation to the pod's host; its pid in the pod (0: it could not start)."""
+        env = dict(env)
+        if self.control_address:
+            env["TRAINWARDEN_SDK_SOCKET"] = self.control_address
         answer = self._ask(uid, {"run": {"instance": instance, "round": round_, "start": start,
-                                         "command": list(command), "env": dict(env), "cwd": cwd}})
+                                         "command": list(command), "env": env, "cwd": cwd}})
         pid = answer.get("pid")
         if not isinstance(pid, int) or isinstance(pid, bool):
             raise PodHostError(f"the pod host of pod {uid} refused incarnation {round_}/{start} of {instance}: "

@@ -47,7 +47,7 @@ from trainwarden.runtime.kubernetes.manifests import (
 )
 from trainwarden.runtime.kubernetes.node_side import PodHostError
 from trainwarden.runtime.kubernetes.observe import Incarnation, node_view, pod_view, translate
-from trainwarden.runtime.kubernetes.section import ISOLATED_TAINT, KubernetesSection, from_wire
+from trainwarden.runtime.kubernetes.section import ISOLATED_TAINT, HostPath, KubernetesSection, from_wire
 from trainwarden.runtime.nodes import master_port
 from trainwarden.settings import JobSettings
 from trainwarden.yamlsrc import ConfigError
@@ -83,6 +83,9 @@ class KubeSite:
     # MASTER_ADDR is the rank-0 pod's node's name rather than its InternalIP
     # (a cluster whose node names resolve where the addresses do not route, as the local one's).
     rendezvous_by_name: bool = False
+    # The node agents' SDK endpoint directory (node_side.PodHosts' control_address is in it):
+    # mounted read-only at the same path in every pod, so the job's SDK calls reach its node's agent.
+    agent_dir: str = ""
 
     def node_state(self, node: str, isolated: bool, reason: str) -> list:
         """A node isolated or uncordoned by a rule or an operator (``trainwarden
@@ -230,7 +233,7 @@ class KubernetesRuntime(ClusterJob):
         round_ = self.pending[name][0]
         manifest = pod_manifest(
             job_id=self.job_id, spec=spec, world_size=len(self.specs), generation=generation, round_=round_,
-            section=self.section, command=[self.site.python, "-m", POD_HOST_MODULE, "--grace",
+            section=self._with_agent_dir(), command=[self.site.python, "-m", POD_HOST_MODULE, "--grace",
                                            str(self.spec.stop_grace_s), *(["--preload", ",".join(self.spec.preload)]
                                                                           if self.spec.preload else [])],
             env=job_env(self.spec, role, self.settings), master_addr=self._master_address() or "",
@@ -244,6 +247,12 @@ class KubernetesRuntime(ClusterJob):
             return
         self.created += 1
         self.pods[name] = _Pod(manifest["metadata"]["name"], generation, uid=created["metadata"].get("uid", ""))
+
+    def _with_agent_dir(self) -> KubernetesSection:
+        if not self.site.agent_dir:
+            return self.section
+        mount = HostPath(self.site.agent_dir)
+        return dataclasses.replace(self.section, host_paths=(*self.section.host_paths, mount))
 
     def _undo(self) -> None:
         for pod in self.pods.values():
