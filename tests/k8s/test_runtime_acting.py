@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
+import httpx2
 
 from tests.history_seed import Clock
 from tests.k8s.runtime_fixtures import MemoryApiserver, Port, RecordingDriver
@@ -147,3 +147,33 @@ def test_an_operators_isolate_and_uncordon_are_done_in_kubernetes_and_a_foreign_
     server.nodes["n2"]["spec"]["unschedulable"] = True  # an administrator's own cordon, no taint of ours
     site.node_state("n2", False, "uncordon by an operator")
     assert server.nodes["n2"]["spec"]["unschedulable"] is True
+
+
+def test_a_new_actuator_takes_the_jobs_pods_over_and_restarts_in_them():
+    server = MemoryApiserver()
+    first, port, driver, events, clock = _round_started(server)
+    pods = server.pods_named()
+    second, port2, driver2, events2, clock2 = _runtime(server)  # the same job, a new actuator
+    _round(second, clock2, 1)
+    assert server.pods_named() == pods and server.deleted == []
+    assert sorted(run[2] for run in driver2.runs) == ["worker-0", "worker-1"] and second.in_place == 2
+
+
+def test_an_isolation_kubernetes_refuses_is_said_and_the_job_goes_on_off_that_node():
+    server = MemoryApiserver()
+    runtime, port, driver, events, clock = _round_started(server)
+    real_handle = server.handle
+
+    def refuse_patch(request):
+        if request.method == "PATCH":
+            return httpx2.Response(403, json={"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                              "code": 403, "message": 'nodes "n1" is forbidden'})
+        return real_handle(request)
+
+    server.handle = refuse_patch
+    runtime.api = server.api()
+    runtime.isolate_node("n1", "C4D")
+    assert "may not patch node n1" in port.errors[0] and not runtime.failed
+    runtime.stop([s.name for s in INSTANCES])
+    _round(runtime, clock, 1)
+    assert {pod["spec"]["nodeName"] for pod in server.pods.values()} == {"n2"}

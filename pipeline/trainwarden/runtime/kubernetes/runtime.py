@@ -169,7 +169,9 @@ class KubernetesRuntime(ClusterJob):
 
     def isolate_node(self, node: str, reason: str) -> None:
         self.avoid.add(node)
-        isolate(self.api, node, reason, on_error=self._error)
+        # A node Kubernetes would not cordon is still avoided by this job's
+        # pods (affinity); the failure is said, never the job's end.
+        isolate(self.api, node, reason, on_error=self._say)
         self.port.isolate(node, True, reason)
 
     def retry_waiting(self) -> None:
@@ -205,6 +207,7 @@ class KubernetesRuntime(ClusterJob):
                 self._error(exc)  # unavailable: tried again next turn; else the job cannot run
                 return
             self.checked = True
+            self._adopt_pods()
         for name in sorted(self.pending, key=lambda n: self.specs[n].rank):
             pod = self.pods.get(name)
             if pod is not None and pod.node in self.avoid and not pod.bad:
@@ -219,6 +222,28 @@ class KubernetesRuntime(ClusterJob):
                 continue
             round_, start = self.pending.pop(name)
             self._run(name, pod, round_, start, master)
+
+    def _adopt_pods(self) -> None:
+        """The job's pods that exist already (a new actuator taking over):
+        each instance's newest is its pod, run in place like any other; older
+        generations are deleted. A pod is never created twice under one name."""
+        listed = self._call(self.api.pods, self.section.namespace, job_selector(self.job_id)) or []
+        newest: dict[str, tuple[int, dict]] = {}
+        for pod in listed:
+            view = pod_view(pod)
+            generation = view.name.rsplit("-", 1)[-1]
+            if view.instance not in self.specs or view.deleting or not generation.isdigit():
+                continue
+            if int(generation) > newest.get(view.instance, (-1, {}))[0]:
+                if view.instance in newest:
+                    self._call(self.api.delete_pod, newest[view.instance][1]["metadata"]["name"],
+                               self.section.namespace, 0)
+                newest[view.instance] = (int(generation), pod)
+            else:
+                self._call(self.api.delete_pod, view.name, self.section.namespace, 0)
+        for instance, (generation, pod) in newest.items():
+            view = pod_view(pod)
+            self.pods[instance] = _Pod(view.name, generation, uid=view.uid, node=view.node, runs=1)
 
     def _create(self, name: str, old: Optional[_Pod]) -> None:
         """The instance's pod (its next generation, the old one deleted),
@@ -349,6 +374,11 @@ class KubernetesRuntime(ClusterJob):
             self.errors += 1
             self.last_error = str(exc)
             return False
+
+    def _say(self, exc: KubeError) -> None:
+        self.errors += 1
+        self.last_error = str(exc)
+        self.port.slurm_error(self.job_id, str(exc))  # main's ClusterPort says engine errors so
 
     def _error(self, exc: KubeError) -> None:
         self.errors += 1
