@@ -11,7 +11,7 @@ import httpx2
 
 from tests.history_seed import Clock
 from tests.k8s.runtime_fixtures import MemoryApiserver, Port, RecordingDriver
-from trainwarden.events import InstanceSpec, JobSpec, NodeLost, RoleSpec
+from trainwarden.events import InstanceExited, InstanceSpec, JobSpec, LogLine, NodeLost, RoleSpec
 from trainwarden.runtime.kubernetes.runtime import KubernetesRuntime, KubeSite, uncordon
 from trainwarden.runtime.kubernetes.section import KubernetesSection
 from trainwarden.settings import JobSettings
@@ -113,6 +113,11 @@ def test_an_unknown_namespace_fails_the_job_in_one_sentence_with_nothing_created
     assert port.errors == ["the namespace 'nope' does not exist on the cluster (hint: create it (kubectl create "
                            "namespace nope) or fix 'kubernetes.namespace')"]
     assert server.pods == {} and driver.runs == []
+    # The engine hears it as instances that could not start, with the sentence as their line.
+    assert sorted((e.instance, e.exit_code) for e in events if isinstance(e, InstanceExited)) == [
+        ("worker-0", 127), ("worker-1", 127)]
+    assert {e.text for e in events if isinstance(e, LogLine)} == {
+        "trainwarden: the job cannot run on Kubernetes: " + port.errors[0]}
 
 
 def test_a_missing_permission_is_named_and_nothing_is_created():

@@ -33,7 +33,7 @@ import json
 import secrets
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
-from trainwarden.events import InstanceSpec, JobSpec
+from trainwarden.events import InstanceExited, InstanceSpec, JobSpec, LogLine, Stream
 from trainwarden.runtime.agents import ClusterJob, ClusterPort
 from trainwarden.runtime.base import Capability
 from trainwarden.runtime.environment import instance_env, job_env
@@ -46,7 +46,7 @@ from trainwarden.runtime.kubernetes.manifests import (
     with_isolation_taint,
 )
 from trainwarden.runtime.kubernetes.node_side import PodHostError
-from trainwarden.runtime.kubernetes.observe import Incarnation, node_view, pod_view, translate
+from trainwarden.runtime.kubernetes.observe import CANNOT_START, Incarnation, node_view, pod_view, translate
 from trainwarden.runtime.kubernetes.section import ISOLATED_TAINT, HostPath, KubernetesSection, from_wire
 from trainwarden.runtime.nodes import master_port
 from trainwarden.settings import JobSettings
@@ -198,7 +198,10 @@ class KubernetesRuntime(ClusterJob):
     # ------------------------------------------------------------ acting
 
     def _advance(self) -> None:
-        if self.failed or not self.pending:
+        if self.failed:
+            self._cannot_start()  # starts asked for since
+            return
+        if not self.pending:
             return
         if not self.checked:
             try:
@@ -386,6 +389,20 @@ class KubernetesRuntime(ClusterJob):
         if exc.permanent and not self.failed:
             self.failed = str(exc) + (f" (hint: {exc.hint})" if exc.hint else "")
             self.port.slurm_error(self.job_id, self.failed)  # main's ClusterPort says engine errors so
+            self._cannot_start()
+
+    def _cannot_start(self) -> None:
+        """The cluster cannot run the job (permanent): each incarnation waiting
+        to start ends as a command that could not start (127), its one line
+        saying why, so the engine ends the job as for any such exit."""
+        now = self.port.clock()
+        for name, (round_, start) in sorted(self.pending.items()):
+            self.site.emit(LogLine(job_id=self.job_id, time=now, instance=name, round=round_, start=start,
+                                   text=f"trainwarden: the job cannot run on Kubernetes: {self.failed}",
+                                   stream=Stream.STDERR))
+            self.site.emit(InstanceExited(job_id=self.job_id, time=now, instance=name, round=round_, start=start,
+                                          exit_code=CANNOT_START))
+        self.pending.clear()
 
     last_error = ""
 
