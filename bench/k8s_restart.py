@@ -39,7 +39,8 @@ import torch_faults  # noqa: E402 - the job's line format and its parsing
 from trainwarden.events import InstanceExited, InstanceSpec, InstanceStarted, JobSpec, LogLine, RoleSpec  # noqa: E402
 from trainwarden.runtime.kubernetes.api import KubeApi  # noqa: E402
 from trainwarden.runtime.kubernetes.node_side import PodHosts  # noqa: E402
-from trainwarden.runtime.kubernetes.runtime import KubernetesRuntime, KubeSite, LocalPodDriver  # noqa: E402
+from trainwarden.runtime.kubernetes.drivers import LocalPodDriver  # noqa: E402
+from trainwarden.runtime.kubernetes.runtime import KubernetesRuntime, KubeSite  # noqa: E402
 from trainwarden.runtime.kubernetes.section import HostPath, KubernetesSection  # noqa: E402
 from trainwarden.runtime.nodes import Cluster  # noqa: E402
 from trainwarden.settings import JobSettings  # noqa: E402

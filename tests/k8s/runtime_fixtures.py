@@ -57,8 +57,9 @@ class RecordingDriver:
     def ready(self, node, uid):
         return True
 
-    def run(self, node, uid, job_id, instance, round_, start, command, env, cwd):
-        self.runs.append((node, uid, instance, round_, start, dict(env)))
+    def run(self, run):
+        start = run.start
+        self.runs.append((start.node, run.uid, start.instance.name, start.round, start.start, dict(run.env)))
 
     def stop(self, node, uid, grace_s):
         self.stops.append((node, uid))

@@ -25,7 +25,8 @@ from trainwarden.events import InstanceExited, InstanceSpec, InstanceStarted, Jo
 from trainwarden.runtime.kubernetes.api import KubeApi
 from trainwarden.runtime.kubernetes.manifests import job_selector
 from trainwarden.runtime.kubernetes.node_side import PodHosts
-from trainwarden.runtime.kubernetes.runtime import KubernetesRuntime, KubeSite, LocalPodDriver, uncordon
+from trainwarden.runtime.kubernetes.drivers import LocalPodDriver
+from trainwarden.runtime.kubernetes.runtime import KubernetesRuntime, KubeSite, uncordon
 from trainwarden.runtime.kubernetes.section import HostPath, KubernetesSection
 from trainwarden.settings import JobSettings
 

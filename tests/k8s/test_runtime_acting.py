@@ -11,7 +11,9 @@ import httpx2
 
 from tests.history_seed import Clock
 from tests.k8s.runtime_fixtures import MemoryApiserver, Port, RecordingDriver
+from trainwarden.bus.messages import StartInstance
 from trainwarden.events import InstanceExited, InstanceSpec, JobSpec, LogLine, NodeLost, RoleSpec
+from trainwarden.runtime.kubernetes.drivers import AgentPodDriver
 from trainwarden.runtime.kubernetes.runtime import KubernetesRuntime, KubeSite, uncordon
 from trainwarden.runtime.kubernetes.section import KubernetesSection
 from trainwarden.settings import JobSettings
@@ -182,3 +184,17 @@ def test_an_isolation_kubernetes_refuses_is_said_and_the_job_goes_on_off_that_no
     runtime.stop([s.name for s in INSTANCES])
     _round(runtime, clock, 1)
     assert {pod["spec"]["nodeName"] for pod in server.pods.values()} == {"n2"}
+
+
+def test_through_the_agents_each_run_is_a_start_for_the_pods_node_naming_the_pod():
+    server = MemoryApiserver()
+    runtime, port, driver, events, clock = _runtime(server)
+    runtime.site.driver = AgentPodDriver(port.send_command)
+    _round(runtime, clock, 0)
+    starts = [c for c in port.commands if isinstance(c, StartInstance)]
+    uids = {pod["metadata"]["uid"]: pod["spec"]["nodeName"] for pod in server.pods.values()}
+    assert sorted(s.instance.name for s in starts) == ["worker-0", "worker-1"]
+    for start in starts:
+        env = dict(start.env)
+        assert uids[env["TRAINWARDEN_POD_UID"]] == start.node  # the agent of the pod's node, for that pod
+        assert (start.round, start.master_addr) == (0, "127.0.0.1") and "TRAINWARDEN_TOKEN" not in env

@@ -35,6 +35,8 @@ from trainwarden.events import InstanceExited, InstanceStarted, LogLine, Stream
 from trainwarden.runtime.kubernetes.pod_host import SOCKET, incarnation_stem, read_line
 from trainwarden.runtime.slurm.proof import token_of
 
+# In a StartInstance's environment: the incarnation is for this pod's host, not a process of the agent's own.
+POD_UID_VARIABLE = "TRAINWARDEN_POD_UID"
 ANSWER_S = 5.0
 LINE_MAX = 16_000  # characters of one line shipped; longer ones are cut
 READ_MAX = 1 << 20  # bytes of one output file read per poll

@@ -31,8 +31,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-from typing import Callable, Mapping, Optional, Protocol, Sequence
+from typing import Callable, Optional, Sequence
 
+from trainwarden.bus.messages import StartInstance
 from trainwarden.events import InstanceExited, InstanceSpec, JobSpec, LogLine, Stream
 from trainwarden.runtime.agents import ClusterJob, ClusterPort
 from trainwarden.runtime.base import Capability
@@ -45,7 +46,8 @@ from trainwarden.runtime.kubernetes.manifests import (
     uncordon_patch,
     with_isolation_taint,
 )
-from trainwarden.runtime.kubernetes.node_side import PodHostError
+from trainwarden.runtime.kubernetes.drivers import PodDriver, PodRun
+from trainwarden.runtime.kubernetes.node_side import POD_UID_VARIABLE, PodHostError
 from trainwarden.runtime.kubernetes.observe import CANNOT_START, Incarnation, node_view, pod_view, translate
 from trainwarden.runtime.kubernetes.section import ISOLATED_TAINT, HostPath, KubernetesSection, from_wire
 from trainwarden.runtime.nodes import master_port
@@ -56,18 +58,6 @@ WATCH_EVERY_S = 1.0
 POD_HOST_MODULE = "trainwarden.runtime.kubernetes.pod_host"
 
 
-class PodDriver(Protocol):
-    """How an incarnation reaches the pod host on its pod's node: the node's
-    agent (node_side.PodHosts behind it); in CI, where the actuator shares
-    the machine with the kubelets, a PodHosts of its own."""
-
-    def ready(self, node: str, uid: str) -> bool: ...
-    def run(self, node: str, uid: str, job_id: str, instance: str, round_: int, start: int,
-            command: Sequence[str], env: Mapping[str, str], cwd: str) -> None: ...
-    def stop(self, node: str, uid: str, grace_s: float) -> None: ...
-    def poll(self) -> list: ...
-
-
 @dataclasses.dataclass
 class KubeSite:
     """Where this actuator reaches Kubernetes. ``python``: the interpreter
@@ -75,7 +65,7 @@ class KubeSite:
     directory the pod hosts and agents share (a hostPath)."""
 
     api: KubeApi
-    driver: "PodDriver"
+    driver: PodDriver
     emit: Callable[[object], None]  # typed events (node loss, preemption, exits) for the job's engine
     python: str = "python3"
     state_dir: str = "/var/lib/trainwarden/pods"
@@ -107,6 +97,7 @@ class _Pod:
     generation: int
     uid: str = ""
     node: str = ""
+    running: bool = False  # its container runs: its host can take runs
     bad: str = ""  # why it must be replaced, "" while it may run incarnations
     ran: Optional[tuple[int, int]] = None  # the incarnation its host runs, None once stopped
     runs: int = 0  # incarnations handed to its host: more than one is a restart in place
@@ -218,7 +209,7 @@ class KubernetesRuntime(ClusterJob):
             if pod is None or pod.bad:
                 self._create(name, pod)
                 continue
-            if not pod.uid or not pod.node or not self.site.driver.ready(pod.node, pod.uid):
+            if not pod.running or not self.site.driver.ready(pod.node, pod.uid):
                 continue  # not running yet: the next turn
             master = self._master_address()
             if master is None:
@@ -246,7 +237,8 @@ class KubernetesRuntime(ClusterJob):
                 self._call(self.api.delete_pod, view.name, self.section.namespace, 0)
         for instance, (generation, pod) in newest.items():
             view = pod_view(pod)
-            self.pods[instance] = _Pod(view.name, generation, uid=view.uid, node=view.node, runs=1)
+            self.pods[instance] = _Pod(view.name, generation, uid=view.uid, node=view.node, running=view.running,
+                                       runs=1)
 
     def _create(self, name: str, old: Optional[_Pod]) -> None:
         """The instance's pod (its next generation, the old one deleted),
@@ -302,8 +294,14 @@ class KubernetesRuntime(ClusterJob):
         pod.ran, pod.runs = (round_, start), pod.runs + 1
         self.port.cluster.placement.setdefault(self.job_id, {})[name] = pod.node
         self.nodes_used.add(pod.node)
-        if not self._drive(self.site.driver.run, pod.node, pod.uid, self.job_id, name, round_, start,
-                           list(role.command), env, self.spec.workdir):
+        asked = {**job_env(self.spec, role, self.settings), POD_UID_VARIABLE: pod.uid}
+        run = PodRun(StartInstance(
+            node=pod.node, job_id=self.job_id, action_id=f"{self.job_id}/{name}/{round_}/{start}", instance=spec,
+            round=round_, start=start, world_size=len(self.specs), master_addr=master,
+            master_port=master_port(self.job_id, round_), command=tuple(role.command),
+            env=tuple(sorted(asked.items())), workdir=self.spec.workdir,
+            max_restarts=self.settings.max_num_of_job_restart), env)
+        if not self._drive(self.site.driver.run, run):
             self.pending[name] = (round_, start)  # the host did not take it: the next turn
             pod.ran = None
 
@@ -333,7 +331,7 @@ class KubernetesRuntime(ClusterJob):
             if name is None:
                 continue
             pod = self.pods[name]
-            pod.uid, pod.node = view.uid or pod.uid, view.node
+            pod.uid, pod.node, pod.running = view.uid or pod.uid, view.node, view.running
             round_, start = self.incarnation.get(name, (0, 0))
             current[view.name] = Incarnation(name, round_, start)
             node = node_views.get(view.node)
@@ -437,24 +435,3 @@ def uncordon(api: KubeApi, node: str) -> bool:
     api.patch_node(node, uncordon_patch(taints))
     return True
 
-
-class LocalPodDriver:
-    """The pod hosts reached from this machine (node_side.PodHosts): where
-    the actuator runs beside the kubelets, as in CI. On a real cluster the
-    node's agent does this for the actuator."""
-
-    def __init__(self, hosts):
-        self.hosts = hosts
-
-    def ready(self, node: str, uid: str) -> bool:
-        return self.hosts.ready(uid)
-
-    def run(self, node: str, uid: str, job_id: str, instance: str, round_: int, start: int,
-            command: Sequence[str], env: Mapping[str, str], cwd: str) -> None:
-        self.hosts.run(uid, job_id, instance, round_, start, list(command), dict(env), cwd, node=node)
-
-    def stop(self, node: str, uid: str, grace_s: float) -> None:
-        self.hosts.stop(uid, grace_s)
-
-    def poll(self) -> list:
-        return self.hosts.poll()
