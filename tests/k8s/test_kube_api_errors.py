@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 
-import httpx2
 import pytest
-from lightkube import Client, KubeConfig
-from lightkube.config.kubeconfig import Cluster, User
 
-from trainwarden.runtime.kubernetes.api import KubeApi, KubeError, KubeUnavailable
+pytest.importorskip("lightkube", reason="lightkube is not installed here (pip install -e '.[kubernetes]')")
+
+import httpx2  # noqa: E402 - lightkube's HTTP client
+from lightkube import Client, KubeConfig  # noqa: E402
+from lightkube.config.kubeconfig import Cluster, User  # noqa: E402
+
+from trainwarden.runtime.kubernetes.api import KubeApi, KubeError, KubeUnavailable  # noqa: E402
 
 
 def _status(code, reason, message):

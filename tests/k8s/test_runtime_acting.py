@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import json
 
-import httpx2
+import pytest
 
-from tests.history_seed import Clock
-from tests.k8s.runtime_fixtures import MemoryApiserver, Port, RecordingDriver
-from trainwarden.bus.messages import StartInstance
-from trainwarden.events import InstanceExited, InstanceSpec, JobSpec, LogLine, NodeLost, RoleSpec
-from trainwarden.runtime.kubernetes.drivers import AgentPodDriver
-from trainwarden.runtime.kubernetes.runtime import KubernetesRuntime, KubeSite, uncordon
-from trainwarden.runtime.kubernetes.section import KubernetesSection
-from trainwarden.settings import JobSettings
+pytest.importorskip("lightkube", reason="lightkube is not installed here (pip install -e '.[kubernetes]')")
+
+import httpx2  # noqa: E402 - lightkube's HTTP client
+
+from tests.history_seed import Clock  # noqa: E402
+from tests.k8s.runtime_fixtures import MemoryApiserver, Port, RecordingDriver  # noqa: E402
+from trainwarden.bus.messages import StartInstance  # noqa: E402
+from trainwarden.events import InstanceExited, InstanceSpec, JobSpec, LogLine, NodeLost, RoleSpec  # noqa: E402
+from trainwarden.runtime.kubernetes.drivers import AgentPodDriver  # noqa: E402
+from trainwarden.runtime.kubernetes.runtime import KubernetesRuntime, KubeSite, uncordon  # noqa: E402
+from trainwarden.runtime.kubernetes.section import KubernetesSection  # noqa: E402
+from trainwarden.settings import JobSettings  # noqa: E402
 
 INSTANCES = (InstanceSpec("worker-0", "worker", 0, 0), InstanceSpec("worker-1", "worker", 1, 1))
 

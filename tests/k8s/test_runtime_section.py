@@ -12,8 +12,7 @@ import pytest
 
 from trainwarden.jobspec import load_job_file
 from trainwarden.runtime.kubernetes.check import job_section
-from trainwarden.runtime.kubernetes.runtime import section_of
-from trainwarden.runtime.kubernetes.section import HostPath, KubernetesSection, Toleration, from_wire
+from trainwarden.runtime.kubernetes.section import HostPath, KubernetesSection, Toleration, from_wire, section_of
 from trainwarden.yamlsrc import ConfigError
 
 INVALID = sorted((Path(__file__).parent / "invalid_sections").glob("*.yaml"))

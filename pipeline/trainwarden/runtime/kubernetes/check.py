@@ -16,7 +16,6 @@ import sys
 from typing import Optional
 
 from trainwarden.limits import JOB_FILE
-from trainwarden.runtime.kubernetes.api import KubeApi, KubeError
 from trainwarden.runtime.kubernetes.section import KubernetesSection, parse_section
 from trainwarden.yamlsrc import Allowance, ConfigError, LineDict, load_yaml_file
 
@@ -24,12 +23,14 @@ PROG = "trainwarden-kubernetes-check"
 REFUSED = 2
 
 
-def check(job_file: str, kubeconfig: Optional[str] = None, api: Optional[KubeApi] = None) -> str:
+def check(job_file: str, kubeconfig: Optional[str] = None, api=None) -> str:
     """"" when the job can run on the cluster; else the one sentence (and hint) saying why not."""
     try:
         section = job_section(job_file)
     except ConfigError as exc:
         return str(exc) + (f" (hint: {exc.hint})" if exc.hint else "")
+    from trainwarden.runtime.kubernetes.api import KubeApi, KubeError  # the client: only once the file is good
+
     try:
         (api or KubeApi.connect(kubeconfig)).preflight(section.namespace)
     except KubeError as exc:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import socket
 from pathlib import Path
 from typing import Callable, Optional

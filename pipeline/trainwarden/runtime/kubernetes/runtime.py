@@ -29,7 +29,6 @@ restarted in place.
 from __future__ import annotations
 
 import dataclasses
-import json
 import secrets
 from typing import Callable, Optional, Sequence
 
@@ -39,6 +38,7 @@ from trainwarden.runtime.agents import ClusterJob, ClusterPort
 from trainwarden.runtime.base import Capability
 from trainwarden.runtime.environment import instance_env, job_env
 from trainwarden.runtime.kubernetes.api import KubeApi, KubeError
+from trainwarden.runtime.kubernetes.drivers import PodDriver, PodRun
 from trainwarden.runtime.kubernetes.manifests import (
     isolate_patch,
     job_selector,
@@ -46,13 +46,11 @@ from trainwarden.runtime.kubernetes.manifests import (
     uncordon_patch,
     with_isolation_taint,
 )
-from trainwarden.runtime.kubernetes.drivers import PodDriver, PodRun
 from trainwarden.runtime.kubernetes.node_side import POD_UID_VARIABLE, PodHostError
 from trainwarden.runtime.kubernetes.observe import CANNOT_START, Incarnation, node_view, pod_view, translate
-from trainwarden.runtime.kubernetes.section import ISOLATED_TAINT, HostPath, KubernetesSection, from_wire
+from trainwarden.runtime.kubernetes.section import ISOLATED_TAINT, HostPath, KubernetesSection, section_of
 from trainwarden.runtime.nodes import master_port
 from trainwarden.settings import JobSettings
-from trainwarden.yamlsrc import ConfigError
 
 WATCH_EVERY_S = 1.0
 POD_HOST_MODULE = "trainwarden.runtime.kubernetes.pod_host"
@@ -101,17 +99,6 @@ class _Pod:
     bad: str = ""  # why it must be replaced, "" while it may run incarnations
     ran: Optional[tuple[int, int]] = None  # the incarnation its host runs, None once stopped
     runs: int = 0  # incarnations handed to its host: more than one is a restart in place
-
-
-def section_of(spec: JobSpec) -> KubernetesSection:
-    try:
-        options = json.loads(spec.runtime_options) if spec.runtime_options else {}
-    except ValueError:
-        options = None
-    if not isinstance(options, dict) or "kubernetes" not in options:
-        raise ConfigError("the job has no kubernetes: section; the kubernetes runtime needs at least its image",
-                          "the submitted job", hint="add 'kubernetes: {image: ...}' to the job file")
-    return from_wire(options["kubernetes"])
 
 
 class KubernetesRuntime(ClusterJob):

@@ -20,9 +20,11 @@ an already-loaded mapping (``yamlsrc.LineDict``), never a file.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Any
 
+from trainwarden.events import JobSpec
 from trainwarden.limits import quote
 from trainwarden.yamlsrc import ConfigError, Fields
 
@@ -130,6 +132,18 @@ def from_wire(data: Any) -> KubernetesSection:
         data = {**data, "tolerations": [{k: v for k, v in t.items() if v is not None} if isinstance(t, dict) else t
                                         for t in tolerations]}
     return parse_section(data, "the submitted job")
+
+
+def section_of(spec: JobSpec) -> KubernetesSection:
+    """The section a submitted job carries (jobspec's ``runtime_options``), checked."""
+    try:
+        options = json.loads(spec.runtime_options) if spec.runtime_options else {}
+    except ValueError:
+        options = None
+    if not isinstance(options, dict) or "kubernetes" not in options:
+        raise ConfigError("the job has no kubernetes: section; the kubernetes runtime needs at least its image",
+                          "the submitted job", hint="add 'kubernetes: {image: ...}' to the job file")
+    return from_wire(options["kubernetes"])
 
 
 def _count(fields: Fields, key: str, items) -> None:
