@@ -224,3 +224,25 @@ def test_an_incarnations_sdk_calls_reach_its_nodes_endpoint_as_the_adopted_host_
         endpoint.close()
         shutil.rmtree(state, ignore_errors=True)
         shutil.rmtree(agent_dir, ignore_errors=True)
+
+
+def test_a_hung_pods_stacks_are_dumped_from_the_node_with_py_spy_before_its_stop(api, job):
+    """What the node's agent does before stopping a hung incarnation: its
+    processes, found from the host by the incarnation's token (and the
+    adopted pid), dumped with py-spy (diagnose/collect.py)."""
+    from trainwarden.diagnose.collect import dump_instances, find_tool
+
+    if find_tool("py-spy") is None:
+        pytest.skip("py-spy is not installed here (pip install -e '.[diagnose]')")
+    runtime, events, port = job
+    _round(runtime, events, 0)
+    started = {e.instance: e.pid for e in events if isinstance(e, InstanceStarted)}
+    environ = dict(item.split(b"=", 1) for item in Path(f"/proc/{started['worker-1']}/environ").read_bytes()
+                   .split(b"\0") if b"=" in item)
+    token = environ[b"TRAINWARDEN_TOKEN"].decode()
+    dumps, missing = dump_instances({"worker-1": token}, ("py-spy",), 20.0, roots={"worker-1": started["worker-1"]})
+    assert missing == [] and [d.pid for d in dumps] == [started["worker-1"]]
+    frames = [frame for thread in dumps[0].threads for frame in thread.frames]
+    assert any("<module>" in str(frame) for frame in frames), frames
+    runtime.stop(["worker-0", "worker-1"])
+    _pump(runtime, events, lambda: sum(isinstance(e, InstanceExited) for e in events) == 2, what="the stops")
