@@ -64,10 +64,22 @@ def namespace(api):
     api.client.delete(Namespace, name)
 
 
+class Events(list):
+    """The events the runtime emits, each with when it came (``at``, monotonic)."""
+
+    def __init__(self):
+        super().__init__()
+        self.at: list[float] = []
+
+    def append(self, event) -> None:
+        self.at.append(time.monotonic())
+        super().append(event)
+
+
 @pytest.fixture
 def job(api, namespace):
     state = Path(tempfile.mkdtemp(prefix="twk-", dir="/tmp"))  # short: the pod hosts' sockets are in it
-    events: list = []
+    events = Events()
     port = Port(time.monotonic)
     paths = {"/usr", sys.base_prefix, str(ROOT)}
     section = KubernetesSection(image=IMAGE, namespace=namespace, image_pull_policy="Never",
@@ -152,6 +164,15 @@ def test_a_pod_evicted_through_the_eviction_api_is_a_preemption(api, job):
     _pump(runtime, events, lambda: any(isinstance(e, Preempted) for e in events), what="the preemption")
     preempted = [e for e in events if isinstance(e, Preempted)]
     assert len(preempted) == 1 and preempted[0].round == 0 and "Eviction API" in preempted[0].reason
+    # The kubelet's SIGTERM ends the evicted incarnation (143): the engine holds such a death for
+    # platform_notice_window_s (5 s) so that the notice decides; the notice comes well within it.
+    _pump(runtime, events, lambda: any(isinstance(e, InstanceExited) and e.instance == "worker-1" for e in events),
+          what="the evicted incarnation's exit")
+    exit_at = next(at for e, at in zip(events, events.at) if isinstance(e, InstanceExited) and e.instance == "worker-1")
+    notice_at = next(at for e, at in zip(events, events.at) if isinstance(e, Preempted))
+    assert [e.exit_code for e in events if isinstance(e, InstanceExited) and e.instance == "worker-1"] == [143]
+    assert abs(notice_at - exit_at) < 5.0, (notice_at - exit_at)
+    print(f"eviction: notice {notice_at - exit_at:+.2f} s from the evicted incarnation's exit")
 
 
 def test_a_job_that_ends_leaves_no_pod_behind(api, job):
