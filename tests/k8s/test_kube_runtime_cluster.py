@@ -6,22 +6,24 @@ KUBECONFIG; skipped, saying why, otherwise."""
 
 from __future__ import annotations
 
-import msgspec
 import json
 import os
 import shutil
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.k8s.runtime_fixtures import Port
-from trainwarden.events import InstanceExited, InstanceSpec, InstanceStarted, JobSpec, LogLine, Preempted, RoleSpec
+from trainwarden.events import (InstanceExited, InstanceSpec, InstanceStarted, JobSpec, LogLine, NodeLost, Preempted,
+                                RoleSpec)
 from trainwarden.runtime.kubernetes.api import KubeApi
 from trainwarden.runtime.kubernetes.manifests import job_selector
 from trainwarden.runtime.kubernetes.node_side import PodHosts
@@ -267,3 +269,27 @@ def test_a_hung_pods_stacks_are_dumped_from_the_node_with_py_spy_before_its_stop
     assert any("<module>" in str(frame) for frame in frames), frames
     runtime.stop(["worker-0", "worker-1"])
     _pump(runtime, events, lambda: sum(isinstance(e, InstanceExited) for e in events) == 2, what="the stops")
+
+
+LOCAL_K8S = Path(os.environ.get("TRAINWARDEN_LOCAL_K8S", ROOT / "deploy" / "k8s" / "local-k8s"))
+
+
+@pytest.mark.skipif(os.environ.get("TRAINWARDEN_K8S_NODE_LOSS") != "1",
+                    reason="kills a kubelet of the cluster for about 30 s: opt in with TRAINWARDEN_K8S_NODE_LOSS=1 "
+                           "(and K8S_DIR) on a cluster no one else is using")
+def test_a_node_whose_kubelet_dies_is_node_loss_and_the_next_round_runs_on_the_other_node(api, job):
+    runtime, events, port = job
+    _round(runtime, events, 0)
+    lost = _pods(api, runtime)["worker-1"]["spec"]["nodeName"]
+    subprocess.run([str(LOCAL_K8S), "kill-node", lost], check=True, capture_output=True, timeout=60)
+    try:
+        _pump(runtime, events, lambda: any(isinstance(e, NodeLost) for e in events), timeout=120,
+              what=f"{lost}'s loss")
+        loss = next(e for e in events if isinstance(e, NodeLost))
+        assert loss.node == lost and "worker-1" in loss.instances
+        runtime.stop([s.name for s in INSTANCES])
+        _round(runtime, events, 1)
+        assert lost not in {pod["spec"]["nodeName"] for pod in _pods(api, runtime).values()}
+        assert runtime.recreated >= 1
+    finally:
+        subprocess.run([str(LOCAL_K8S), "restart-node", lost], check=True, capture_output=True, timeout=120)
