@@ -121,6 +121,7 @@ class KubernetesRuntime(ClusterJob):
         self.checked = False
         self.failed = ""  # a permanent error: the job cannot run here
         self.errors = 0  # API calls that failed (transient ones included), counted
+        self.last_error = ""
         self.created = 0
         self.recreated = 0
         self.in_place = 0
@@ -388,8 +389,6 @@ class KubernetesRuntime(ClusterJob):
             self.site.emit(InstanceExited(job_id=self.job_id, time=now, instance=name, round=round_, start=start,
                                           exit_code=CANNOT_START))
         self.pending.clear()
-
-    last_error = ""
 
 
 def isolate(api: KubeApi, node: str, reason: str, on_error: Callable[[KubeError], None] = None) -> bool:
