@@ -23,7 +23,7 @@ the spool by SpoolWriter (what the actuator and `trainwarden run` do, one
 write per decision and in batches), the ingest of that spool into chDB, and
 a direct batched insert.
 
-Prints numbers; asserts nothing (the README quotes them).
+Prints numbers; asserts nothing (docs/PERFORMANCE.md quotes them).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Train the shipped lexical model (rules/19-lexical.yaml) on the tuning
 set of the real-failure corpus, and print how it does.
 
-The test set is never trained on: the figures the README quotes come from
+The test set is never trained on: the figures docs/DIAGNOSIS.md quotes come from
 bench/classify_corpus.py, which judges the test set with the model this
 writes. Model choices (regularisation, epochs, confidence) were made by
 cross-validation over the tuning set's repositories, printed here too.

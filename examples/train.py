@@ -83,9 +83,19 @@ def inject(step: int, loss: float) -> float:
 
 
 def load_checkpoint() -> tuple[int, list[float]]:
-    path = CKPT / "latest.json"
-    if path.exists():
-        state = json.loads(path.read_text())
+    """The latest checkpoint of an earlier round. In a Sync job every rank must
+    resume from the same step, but rank 0 of this round may already have saved
+    a newer one before a slower rank gets here: that one is not taken. An
+    instance restarted alone (Async: more starts than rounds) may take its own
+    round's."""
+    starts = int(os.environ.get("TRAINWARDEN_INSTANCE_RESTARTS", "0"))
+    usable = []
+    for path in CKPT.glob("round-*.json"):
+        written_in = int(path.stem.split("-", 1)[1])
+        if written_in < ROUND or (written_in == ROUND and starts > ROUND):
+            usable.append((written_in, path))
+    if usable:
+        state = json.loads(max(usable)[1].read_text())
         return state["step"], state["weights"]
     return 0, [0.0, 0.0]
 
@@ -94,9 +104,9 @@ def save_checkpoint(step: int, weights: list[float]) -> None:
     if RANK != 0:
         return
     CKPT.mkdir(parents=True, exist_ok=True)
-    tmp = CKPT / "latest.json.tmp"
+    tmp = CKPT / f"round-{ROUND}.json.tmp"
     tmp.write_text(json.dumps({"step": step, "weights": weights}))
-    tmp.replace(CKPT / "latest.json")
+    tmp.replace(CKPT / f"round-{ROUND}.json")
 
 
 class Trainer:

@@ -156,6 +156,7 @@ class JobSpec(msgspec.Struct, frozen=True):
     checkpoint_dir: str = ""  # TRAINWARDEN_CHECKPOINT_DIR of every instance
     runtime: str = "agents"  # where the cluster runs it: agents, slurm (runtime/registry.py)
     preload: tuple[str, ...] = ()  # modules a standby interpreter imports before it becomes an instance
+    framework: str = ""  # pytorch, mpi, ...: for the jobs table (history --jobs) of a cluster job
     runtime_options: str = ""  # the job file's engine section (kubernetes:), JSON, read by its runtime's package
 
     def role(self, name: str) -> RoleSpec:

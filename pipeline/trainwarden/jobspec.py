@@ -87,7 +87,7 @@ class JobDefinition:
         return JobSpec(roles=tuple(RoleSpec(r.name, r.count, r.command, r.env) for r in self.roles),
                        workdir=self.workdir or "", env=self.env, stop_grace_s=self.stop_grace_s,
                        checkpoint_dir=self.checkpoint_dir or "", runtime=self.runtime, preload=self.preload,
-                       runtime_options=self.runtime_options)
+                       framework=self.framework, runtime_options=self.runtime_options)
 
     def with_preload(self, modules: tuple[str, ...]) -> "JobDefinition":
         """The job with ``modules`` added to its preload list (``--preload``)."""

@@ -30,6 +30,8 @@ from typing import Sequence
 import jinja2
 from markupsafe import Markup, escape
 
+from trainwarden.goodput import Goodput, RoundSpan, account, hang_silence_s
+from trainwarden.hints import OUTCOME_HINTS
 from trainwarden.store import analytics
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -41,14 +43,10 @@ STAGE_COLOURS = {
     "running": "#3b9c5a", "detecting": "#e9b53b", "stopping": "#8d6e63", "restarting": "#7a4fbf",
     "starting": "#3d8fd1", "queued": "#a3acb5",
 }
-STAGE_MEANING = {
-    "running": "the job's instances run",
-    "detecting": "from the fault's detection to the decision",
-    "stopping": "stopping the round's instances",
-    "restarting": "from stopped to the new round's instances started",
-    "starting": "from started to the first line of every instance",
-    "queued": "a spot job waiting for capacity",
-}
+# The breakdown of goodput.py: productive in the running colour; no badput in red (red is a fault).
+SPENT_COLOURS = {"productive": STAGE_COLOURS["running"], "lost work": "#e377c2", "hang silence": "#bcbd22",
+                 **{stage: STAGE_COLOURS[stage] for stage in ("detecting", "stopping", "restarting", "starting",
+                                                              "queued")}}
 LIMIT = 5000
 
 
@@ -88,6 +86,8 @@ class JobReport:
     diagnoses: list[dict]
     generated_at: float
     spot: list[dict] = dataclasses.field(default_factory=list)  # a spot job's cost against on-demand
+    time_spent: Goodput | None = None  # goodput and badput by cause (goodput.py)
+    deciding: dict | None = None  # the fault record of the decision that ended a failed job
 
     @property
     def stack_anchors(self) -> dict[int, str]:
@@ -118,10 +118,12 @@ def collect(reader: analytics.Select, job_id: str, now: float | None = None) -> 
     suspects = anchor_stack_reports(analytics.run(reader, "stack_suspects", **everything))
     restarts = analytics.run(reader, "job_rounds", **everything)
     spot = analytics.run(reader, "spot_costs", **everything)
-    goodput = analytics.run(reader, "goodput", **span)[0]
+    goodput = with_spot_waits(analytics.run(reader, "goodput", **span)[0], spot)
+    rounds = build_rounds(job, end, [r for r in restarts if r["restarted"] == "(job)"], faults, suspects)
+    deciding = deciding_fault(job, faults)
     return JobReport(
         job=job, start=start, end=end,
-        rounds=build_rounds(job, end, [r for r in restarts if r["restarted"] == "(job)"], faults, suspects),
+        rounds=rounds,
         instance_restarts=[r for r in restarts if r["restarted"] != "(job)"],
         timeline=[{"time": row["time"], "stage": row["stage"]}
                   for row in analytics.run(reader, "job_timeline", **everything)],
@@ -129,14 +131,51 @@ def collect(reader: analytics.Select, job_id: str, now: float | None = None) -> 
         other_records=[f for f in records if f["action"] not in FAULT_ACTIONS],
         fault_total=sum(row["faults"] for row in by_source),
         by_source=by_source,
-        goodput=with_spot_waits(goodput, spot),
+        goodput=goodput,
         mtbf=analytics.run(reader, "mtbf_mttr", **span)[0],
         suspects=suspects,
         diagnoses=analytics.run(reader, "diagnoses", **everything) + analytics.run(reader, "hang_advice",
                                                                                   **everything),
         generated_at=now,
         spot=spot,
+        time_spent=account(end - start, goodput, round_spans(rounds, deciding), spot=bool(spot)),
+        deciding=deciding,
     )
+
+
+def latest_job(reader: analytics.Select) -> str | None:
+    """The id of the job submitted last (None: the store has none)."""
+    jobs = analytics.run(reader, "jobs", limit=1)
+    return jobs[0]["job_id"] if jobs else None
+
+
+def deciding_fault(job: dict, faults: Sequence[dict]) -> dict | None:
+    """The record of the decision that failed the job (the newest fail_job), if it failed."""
+    if job["status"] != "failed":
+        return None
+    failing = [f for f in faults if f["action"] == "fail_job"]
+    return failing[-1] if failing else None
+
+
+def round_spans(rounds: Sequence["Round"], deciding: dict | None) -> list[RoundSpan]:
+    """The rounds as goodput.py counts them: a round ends in a fault when a
+    restart ended it, or when it is the last round of a failed job."""
+    spans = []
+    for index, round_ in enumerate(rounds):
+        before = rounds[index - 1].restart if index else None
+        startup = (before or {}).get("queued_s") or 0.0  # the restart's start-up stage (job_rounds' queued_s)
+        if round_.restart is not None:
+            fault_at = round_.restart["detected_at"]
+            # An exit hang is no silence (the others may still work): only a hang's counts.
+            hang = next((f for f in round_.faults if f["error_source"] == "hang"
+                         and f["action"] in ("restart_job", "fail_job")), None)
+        elif deciding is not None:
+            # The last round of a failed job: nothing of it was delivered, its wind-down included.
+            fault_at, hang = round_.end, deciding if deciding["error_source"] == "hang" else None
+        else:
+            fault_at, hang = None, None
+        spans.append(RoundSpan(round_.start, fault_at, startup, hang_silence_s(hang["error_message"]) if hang else 0.0))
+    return spans
 
 
 def _stage_times(restart: dict) -> tuple[float, float]:
@@ -329,30 +368,25 @@ def bars_svg(rows: Sequence[dict], label: str, value: str, colour: str, width: i
     return Markup("".join(parts))
 
 
-def goodput_rows(goodput: dict, spot: bool) -> list[dict]:
-    return [{"stage": stage, "seconds": goodput.get(f"{stage}_s") or 0.0}
-            for stage in STAGE_COLOURS if stage != "queued" or spot]
-
-
-def goodput_svg(goodput: dict, spot: bool, width: int = 460) -> Markup:
-    """One stacked bar of the job's wall time by stage, and the seconds of each."""
-    rows = goodput_rows(goodput, spot)
-    total = sum(r["seconds"] for r in rows) or 1.0
+def goodput_svg(spent: Goodput, width: int = 460) -> Markup:
+    """One stacked bar of the job's wall time by figure (goodput.py), and the seconds of each."""
+    rows = list(spent.spent)
+    total = sum(r.seconds for r in rows) or 1.0
     height = 40 + 20 * len(rows)
     parts = [_svg("goodput chart", width, height)]
     x = 10.0
     for row in rows:
-        length = (width - 20) * row["seconds"] / total
+        length = (width - 20) * row.seconds / total
+        slug = row.cause.replace(" ", "-")
         if length > 0:
-            parts.append(f'<rect class="stage stage-{row["stage"]}" x="{x:.2f}" y="6" width="{length:.2f}" '
-                         f'height="22" fill="{STAGE_COLOURS[row["stage"]]}"><title>{row["stage"]}: '
-                         f'{_seconds(row["seconds"])}</title></rect>')
+            parts.append(f'<rect class="stage stage-{slug}" x="{x:.2f}" y="6" width="{length:.2f}" '
+                         f'height="22" fill="{SPENT_COLOURS[row.cause]}"><title>{row.cause}: '
+                         f'{_seconds(row.seconds)}</title></rect>')
         x += length
     for index, row in enumerate(rows):
         y = 48 + index * 20
-        parts.append(f'<rect x="10" y="{y - 10}" width="12" height="12" fill="{STAGE_COLOURS[row["stage"]]}"/>')
-        parts.append(_text(28, y, f'{row["stage"]}: {_seconds(row["seconds"])} '
-                                  f'({100 * row["seconds"] / total:.1f} %) - {STAGE_MEANING[row["stage"]]}'))
+        parts.append(f'<rect x="10" y="{y - 10}" width="12" height="12" fill="{SPENT_COLOURS[row.cause]}"/>')
+        parts.append(_text(28, y, f'{row.cause}: {_seconds(row.seconds)} ({100 * row.seconds / total:.1f} %)'))
     parts.append("</svg>")
     return Markup("".join(parts))
 
@@ -385,12 +419,13 @@ def render(report: JobReport) -> str:
     environment.filters["iso"] = _iso
     environment.filters["seconds"] = _seconds
     template = environment.get_template("report.html.j2")
-    goodput = report.goodput.get("goodput")
+    goodput = report.time_spent.fraction
     return template.render(
         r=report,
         goodput_percent=None if goodput is None else 100 * goodput,
-        stage_colours=STAGE_COLOURS, fault_colour=FAULT_COLOUR,
+        hint=OUTCOME_HINTS.get(report.job["reason"] or "", "") if report.job["status"] == "failed" else "",
+        stage_colours=STAGE_COLOURS, fault_colour=FAULT_COLOUR, spent_colours=SPENT_COLOURS,
         timeline_chart=timeline_svg(report),
         source_chart=bars_svg(report.by_source, "error_source", "faults", FAULT_COLOUR),
-        goodput_chart=goodput_svg(report.goodput, report.is_spot),
+        goodput_chart=goodput_svg(report.time_spent),
     )

@@ -62,17 +62,36 @@ def on_terminal(store, *args: str, columns: int = 80) -> list[str]:
     return [line for line in screen.splitlines() if line.strip()]
 
 
-def test_history_keeps_job_ids_nodes_instances_and_codes_whole(seeded):
+def test_history_keeps_job_ids_instances_and_the_action_whole(seeded):
     screen = on_terminal(seeded, "history")
     header = screen[1].split()
-    assert header[:5] == ["time", "job", "node", "instance", "code"] and header[-1] == "message", screen
+    assert header == ["time", "job", "instance", "action", "message"], screen
     rows = screen[2:]
     assert len(rows) == 7 and all(len(line) <= 80 for line in screen), screen
     for line in rows:
-        day, clock, job, node, instance, code = line.split()[:6]
-        assert job in (JOB_A, JOB_B) and node in NODES and instance.startswith("worker-") and code.isdigit(), line
+        day, clock, job, instance, action = line.split()[:5]
+        assert job in (JOB_A, JOB_B) and instance.startswith("worker-") and action in ("restart_job", "fail_job",
+                                                                                      "isolate_node"), line
     assert any("RuntimeError: CUDA" in line and line.endswith("…") for line in rows), rows
-    assert "hidden" in screen[0]
+    assert screen[0].startswith("Fault records (hidden") and "node" in screen[0] and "action" not in screen[0]
+
+
+def test_history_of_jobs_with_generated_ids_fits_80_columns_and_keeps_the_action(tmp_path, monkeypatch):
+    # `run` makes ids like train-20261206-090809-259e: with them the rows were 85 characters and wrapped.
+    import tests.history_seed as history_seed
+
+    monkeypatch.setattr(history_seed, "JOB_A", "train-20261206-090809-259e")
+    monkeypatch.setattr(history_seed, "JOB_B", "retry_once-20261206-091522-0c1f")
+    store = tmp_path / "store"
+    seed(open_writer(store))
+    SOCKET[:] = [str(tmp_path / "tmux.sock")]
+    tmux("new-session", "-d", "-s", "keeper", "sleep 3600", check=True, env=_clean_env())
+    try:
+        screen = on_terminal(store, "history")
+    finally:
+        tmux("kill-server", capture_output=True)
+    assert all(len(line) <= 80 for line in screen), screen
+    assert "action" in screen[1].split() and "retry_once-20261206-091522-0c1f" in "\n".join(screen), screen
 
 
 def test_aggregate_keeps_counts_codes_nodes_and_instances(seeded):

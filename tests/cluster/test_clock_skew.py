@@ -7,7 +7,6 @@ are taken (issue 29, break 3)."""
 
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest
@@ -45,14 +44,6 @@ for step in range(40):
     print("step", step, flush=True)
     time.sleep(0.5)
 """
-
-
-@pytest.fixture(scope="module")
-def bootstrap():
-    value = os.environ.get("TRAINWARDEN_KAFKA")
-    if not value:
-        pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
-    return value
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,6 @@ NCCL = "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system
 
 
 @pytest.fixture
-def bootstrap():
-    value = os.environ.get("TRAINWARDEN_KAFKA")
-    if not value:
-        pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
-    return value
-
-
-@pytest.fixture
 def services(bootstrap, tmp_path):
     s = ServiceProcesses(bootstrap, tmp_path)
     yield s

@@ -46,14 +46,6 @@ HANG_SLACK_S = 12.0
 
 
 @pytest.fixture(scope="module")
-def bootstrap():
-    value = os.environ.get("TRAINWARDEN_KAFKA")
-    if not value:
-        pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
-    return value
-
-
-@pytest.fixture(scope="module")
 def cluster(bootstrap, tmp_path_factory):
     other_python()  # skips where jobs cannot run as another user
     tmp = tmp_path_factory.mktemp("hunted")

@@ -35,14 +35,6 @@ def _keyring(directory, *ids: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def bootstrap():
-    value = os.environ.get("TRAINWARDEN_KAFKA")
-    if not value:
-        pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
-    return value
-
-
-@pytest.fixture(scope="module")
 def cluster(bootstrap, tmp_path_factory):
     """Two agents, a processor and an actuator sharing the keyring k2 (signs), k1 (still verifies)."""
     tmp = tmp_path_factory.mktemp("signed")

@@ -28,10 +28,14 @@ from tests.deploy.support import (
 )
 
 NAMESPACE = "trainwarden"
+JOBS_NAMESPACE = "trainwarden-jobs"  # the kubernetes runtime's pods, and the actuator's Role there
 KINDS = {  # what these manifests may contain, with the apiVersion of each kind
     "Namespace": "v1", "ConfigMap": "v1", "Secret": "v1", "PersistentVolumeClaim": "v1", "ServiceAccount": "v1",
     "Deployment": "apps/v1", "DaemonSet": "apps/v1", "StatefulSet": "apps/v1", "Job": "batch/v1",
+    "Role": "rbac.authorization.k8s.io/v1", "RoleBinding": "rbac.authorization.k8s.io/v1",
+    "ClusterRole": "rbac.authorization.k8s.io/v1", "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
 }
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job")
 MANIFEST_FILES = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
 LOG_DIR = "/var/log/trainwarden"
@@ -117,9 +121,13 @@ def test_every_document_has_a_known_kind_its_api_version_and_a_name(path):
         assert isinstance(name, str) and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name), name
 
 
-def test_every_namespaced_object_is_in_the_trainwarden_namespace():
+def test_every_namespaced_object_is_in_the_trainwarden_namespace_but_the_actuators_rights_on_job_pods():
     for file, doc in DOCUMENTS:
-        if doc["kind"] != "Namespace":
+        if doc["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in doc["metadata"], f"{file}: {doc['kind']} {doc['metadata']['name']}"
+        elif doc["kind"] in ("Role", "RoleBinding"):
+            assert doc["metadata"].get("namespace") == JOBS_NAMESPACE, f"{file}: {doc['kind']} {doc['metadata']['name']}"
+        else:
             assert doc["metadata"].get("namespace") == NAMESPACE, f"{file}: {doc['kind']} {doc['metadata']['name']}"
 
 
@@ -130,7 +138,8 @@ def test_names_are_unique_per_kind():
 
 def test_the_kustomization_lists_every_manifest_file():
     kustomization = load_yaml(K8S / "kustomization.yaml")
-    assert kustomization["namespace"] == NAMESPACE
+    # A `namespace:` would move the Role of the jobs namespace into the services' one.
+    assert "namespace" not in kustomization
     assert sorted(kustomization["resources"]) == [p.name for p in MANIFEST_FILES]
 
 
@@ -432,3 +441,38 @@ def test_every_object_matches_the_kubernetes_schema_where_kubernetes_validate_is
                                       "kubernetes-validate)")
     for file, doc in DOCUMENTS:
         kubernetes_validate.validate(doc, "1.30.0", strict=True)
+
+
+# ------------------------------------------------------------ the kubernetes runtime's rights
+
+
+def _rules(kind: str, name: str) -> dict[tuple[str, str], set[str]]:
+    return {(group, resource): set(rule["verbs"]) for rule in _find(kind, name)["rules"]
+            for group in rule["apiGroups"] for resource in rule["resources"]}
+
+
+def test_the_actuator_may_use_pods_and_events_of_the_jobs_namespace_and_nodes_and_nothing_else():
+    assert _find("Namespace", JOBS_NAMESPACE)
+    assert _rules("Role", "trainwarden-actuator") == {
+        ("", "pods"): {"create", "get", "list", "watch", "patch", "delete"},
+        ("", "events"): {"create"},
+    }
+    assert _rules("ClusterRole", "trainwarden-actuator-nodes") == {("", "nodes"): {"get", "list", "watch", "patch"}}
+    subject = {"kind": "ServiceAccount", "name": "trainwarden-actuator", "namespace": NAMESPACE}
+    for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
+        (binding,) = [doc for _, doc in DOCUMENTS if doc["kind"] == kind]
+        assert binding["roleRef"]["kind"] == role_kind and binding["subjects"] == [subject]
+    actuator = _pod_spec(_find("Deployment", "trainwarden-actuator"))
+    assert actuator["serviceAccountName"] == "trainwarden-actuator" and actuator["automountServiceAccountToken"]
+    assert _find("ServiceAccount", "trainwarden-actuator")
+
+
+def test_the_agent_sees_the_hosts_processes_may_trace_them_and_reads_the_pod_logs_only():
+    agent, container = _daemonset_container("trainwarden-agent")
+    spec = agent["spec"]["template"]["spec"]
+    assert spec["hostPID"] and spec["hostNetwork"]
+    assert container["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE"]
+    assert not container["securityContext"].get("privileged")
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/var/log/pods"]
+    assert mount["readOnly"] is True
+    assert _host_path_of(agent, container, "/var/log/pods") == "/var/log/pods"

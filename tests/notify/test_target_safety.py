@@ -48,7 +48,7 @@ def test_private_network_and_public_targets_are_allowed_without_any_setting(host
 
 
 def test_the_readme_says_what_the_checks_do():
-    text = " ".join((ROOT / "README.md").read_text().split())
+    text = " ".join((ROOT / "docs" / "GUIDE.md").read_text().split())
     assert ("Targets that are or resolve to link-local, multicast or cloud metadata addresses are always refused, "
             "loopback ones unless the subscription's target sets `allow_private_targets: true`; private-network "
             "addresses (10/8, 172.16/12, 192.168/16, fc00::/7) are allowed") in text

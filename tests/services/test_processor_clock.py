@@ -65,6 +65,15 @@ class SkewedAgent:
                            "silent_s": self.time - self.last_line[name], "spoke": True} for name in NAMES]})[1:])
 
 
+def _submitted(skew_s):
+    """A bus on which an agent ``skew_s`` off has submitted job j1 and started its two instances."""
+    bus, clock, decided = MemoryBus(), Clock(), []
+    bus.create_topics(topic_specs(2))
+    agent = SkewedAgent(bus, clock, skew_s)
+    agent.submit_and_start()
+    return bus, clock, decided, agent
+
+
 def _processor(bus, clock, decided) -> ServiceLoop:
     """The processor on the service loop, whose ticks follow the pinned clock."""
     return ServiceLoop(Processor(bus, load_rules(), clock=clock, on_decision=decided.append), clock)
@@ -90,10 +99,7 @@ def _drive(loop, agent, clock, until_s, print_every_s=None, decided=None) -> flo
 
 @pytest.mark.parametrize("skew_s", SKEWS)
 def test_a_hang_on_an_agent_whose_clock_is_off_is_decided_an_interval_after_the_last_line_arrived(skew_s):
-    bus, clock, decided = MemoryBus(), Clock(), []
-    bus.create_topics(topic_specs(2))
-    agent = SkewedAgent(bus, clock, skew_s)
-    agent.submit_and_start()
+    bus, clock, decided, agent = _submitted(skew_s)
     processor = _processor(bus, clock, decided)
     _drive(processor, agent, clock, 10, print_every_s=1.0, decided=decided)  # the last lines at 10 s
     fired = _drive(processor, agent, clock, 60, decided=decided)
@@ -102,10 +108,7 @@ def test_a_hang_on_an_agent_whose_clock_is_off_is_decided_an_interval_after_the_
 
 @pytest.mark.parametrize("skew_s", SKEWS)
 def test_a_healthy_job_on_an_agent_whose_clock_is_off_is_not_declared_hung(skew_s):
-    bus, clock, decided = MemoryBus(), Clock(), []
-    bus.create_topics(topic_specs(2))
-    agent = SkewedAgent(bus, clock, skew_s)
-    agent.submit_and_start()
+    bus, clock, decided, agent = _submitted(skew_s)
     processor = _processor(bus, clock, decided)
     assert _drive(processor, agent, clock, 60, print_every_s=2.0, decided=decided) is None
     assert processor.service.jobs["j1"].silence_checks_skipped == 0
@@ -113,10 +116,7 @@ def test_a_healthy_job_on_an_agent_whose_clock_is_off_is_not_declared_hung(skew_
 
 @pytest.mark.parametrize("skew_s", SKEWS)
 def test_a_processor_taking_over_neither_fires_a_hang_early_nor_holds_it_back_past_a_report(skew_s):
-    bus, clock, decided = MemoryBus(), Clock(), []
-    bus.create_topics(topic_specs(2))
-    agent = SkewedAgent(bus, clock, skew_s)
-    agent.submit_and_start()
+    bus, clock, decided, agent = _submitted(skew_s)
     first = _processor(bus, clock, decided)
     _drive(first, agent, clock, 10, print_every_s=1.0, decided=decided)  # the last lines at 10 s
     _drive(first, agent, clock, 12, decided=decided)
@@ -135,10 +135,7 @@ def test_a_processor_taking_over_neither_fires_a_hang_early_nor_holds_it_back_pa
 
 @pytest.mark.parametrize("skew_s", SKEWS)
 def test_a_healthy_job_is_not_declared_hung_by_a_processor_taking_over(skew_s):
-    bus, clock, decided = MemoryBus(), Clock(), []
-    bus.create_topics(topic_specs(2))
-    agent = SkewedAgent(bus, clock, skew_s)
-    agent.submit_and_start()
+    bus, clock, decided, agent = _submitted(skew_s)
     first = _processor(bus, clock, decided)
     _drive(first, agent, clock, 10, print_every_s=2.0, decided=decided)
     first.service.close()

@@ -114,11 +114,21 @@ def as_json(judgement: Judgement, explain: bool) -> dict:
 def _print(judgement: Judgement, explain: bool) -> None:
     root, verdict = judgement.root, judgement.verdict
     colour = _COLOURS[verdict.verdict.value]
-    out_console.print(f"[{colour}]{verdict.verdict.value.replace('_', ' ')}[/]: {verdict.category} "
-                      f"(rule {verdict.rule})")
+    if verdict.kind == "none":
+        # Nothing weighed at all: say so, rather than "unknown: unknown" and a
+        # progress line passed off as the error.
+        what = ("exit code 0 is a success: nothing to judge" if root.exit_code == 0 else
+                f"no line names an error, and exit code {root.exit_code} alone does not say whether a restart "
+                "would help")
+        out_console.print(f"[{colour}]unknown[/]: {what} (rule {verdict.rule})")
+        if verdict.message:
+            out_console.print(f"  last line: {verdict.message}", markup=False)
+    else:
+        out_console.print(f"[{colour}]{verdict.verdict.value.replace('_', ' ')}[/]: {verdict.category} "
+                          f"(rule {verdict.rule})")
     if verdict.matched_line:
         out_console.print(f"  matched: {verdict.matched_line}", markup=False)
-    elif verdict.message:
+    elif verdict.message and verdict.kind != "none":
         out_console.print(f"  last error: {verdict.message}", markup=False)
     out_console.print(f"  signature: {verdict.signature}", markup=False)
     if judgement.consequences or root.rank is not None:

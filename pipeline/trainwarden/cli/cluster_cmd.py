@@ -123,19 +123,22 @@ def add_commands(sub) -> None:
     _service_options(notifier)
 
     submit = sub.add_parser("submit", help="submit a job to the cluster",
-                            description="trainwarden submit JOB.yaml | trainwarden submit [--nproc N] -- CMD ...",
+                            description="trainwarden submit JOB.yaml | trainwarden submit [--nproc N] -- CMD ... "
+                                        "The command runs in the directory you submit from (a job file's: in its "
+                                        "workdir:, by default the job file's directory), on every node it is "
+                                        "placed on, as sbatch does: that directory must be there too.",
                             **examples("trainwarden submit examples/job.yaml --follow",
                                         "trainwarden submit --nproc 4 --args \"--enable-job-restart=True\" -- "
                                         "python train.py",
                                         "trainwarden submit job.yaml --follow --json | jq -c 'select(.event == "
                                         "\"decision\")'",
-                                        "trainwarden submit job.yaml --runtime slurm --follow"))
+                                        "trainwarden submit job.yaml --runtime slurm --follow", args_flags=True))
     submit.add_argument("job_file", nargs="?", help="a job YAML file (or give the command after --)")
     # Not TRAINWARDEN_JOB_ID: every instance has that one, and a job that submits a job would reuse its own id.
     _option(submit, "--job-id", env="TRAINWARDEN_SUBMIT_JOB_ID",
             help="the job's id (default: the job file's, else made from the command and the time)")
     _option(submit, "--nproc", type=int, default=1, help="instances of the command (role worker); default 1")
-    _option(submit, "--args", help='the arguments string, e.g. "--enable-job-restart=True"')
+    _option(submit, "--args", help='the arguments string, e.g. "--enable-job-restart=True" (its flags are listed below)')
     _option(submit, "--framework", default="pytorch", help="pytorch, mpi, tensorflow or elasticbatch (default "
                                                            "pytorch)")
     _option(submit, "--runtime", default="agents", type=_choice("agents", "slurm"),
@@ -510,6 +513,9 @@ def _notifier(args: argparse.Namespace, bus, run: ServiceRun) -> int:
 
 
 def _submit(args: argparse.Namespace, command: list[str]) -> int:
+    import msgspec
+
+    from trainwarden.cli.output import plural, print_outcome
     from trainwarden.services.follow import Follower, decision_event, line_event, submit
 
     if args.job_file and command:
@@ -519,7 +525,8 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
     as_json = args.json or args.output == "json"
     job = (load_job_file(args.job_file, job_id=args.job_id) if args.job_file
            else from_command(command, args.nproc, args.args or "", args.job_id, args.framework))
-    job = dataclasses.replace(job, runtime=args.runtime)
+    # As sbatch does: a command runs where it was submitted from (a job file's in its workdir:).
+    job = dataclasses.replace(job, runtime=args.runtime, workdir=job.workdir or os.getcwd())
     if args.preload:
         job = job.with_preload(parse_preload(args.preload))
     if job.spot:
@@ -531,7 +538,7 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
     if follower is not None and not follower.ready():
         return fail("could not subscribe to the job's output in 30 s", code=1)
     submit(bus, job)
-    err_console.print(f"trainwarden ▸ submitted {job.job_id} ({len(job.instances())} instances)")
+    err_console.print(f"trainwarden ▸ submitted {job.job_id} ({plural(len(job.instances()), 'instance')})")
     if as_json:
         _json_line({"event": "submitted", "job_id": job.job_id, "instances": len(job.instances()),
                     "runtime": job.runtime})
@@ -546,8 +553,18 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
     else:
         reporter = ConsoleReporter(quiet_output=args.quiet)
         on_line, on_decision, flush = reporter.line, reporter.decision, reporter.flush
+    restarts = []
+    on_report = _print_report
+    if as_json:
+        on_report = lambda report: _json_line({"event": "stack_report", **msgspec.to_builtins(report)})  # noqa: E731
+
+    def on_any_decision(decision) -> None:
+        if decision.kind is DecisionKind.RESTART_JOB:
+            restarts.append(decision)
+        on_decision(decision)
+
     try:
-        outcome = follower.follow(on_line, on_decision)
+        outcome = follower.follow(on_line, on_any_decision, on_report=on_report)
     except KeyboardInterrupt:
         return 130
     finally:
@@ -557,7 +574,22 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
             pass  # a reader that went away (| head) is not the job's outcome
         follower.close()
     succeeded = outcome is not None and outcome.kind is DecisionKind.COMPLETE_JOB
+    if not as_json and outcome is not None:
+        # As `run` ends; the history is where the actuator writes it (one setting, TRAINWARDEN_STORE).
+        print_outcome(job.job_id, "succeeded" if succeeded else "failed", outcome.reason.value, len(restarts),
+                      history=f"trainwarden history --job {job.job_id} (with the actuator's TRAINWARDEN_STORE)")
     return 0 if succeeded else 1
+
+
+def _print_report(report) -> None:
+    """A hang's stack report, as the actuator summed it up (the whole report is in the history)."""
+    from trainwarden.cli.output import plural
+
+    err_console.print(f"trainwarden ▸ stack report: {report.verdict}", markup=False)
+    err_console.print(f"  {plural(report.processes, 'process')} dumped with {report.tool or 'no tool'}, "
+                      f"{plural(report.groups, 'distinct stack')}"
+                      + (f"; missing: {', '.join(report.missing)}" if report.missing else "")
+                      + f"; trainwarden stacks --job {report.job_id} shows them", markup=False)
 
 
 def _json_line(event: dict) -> None:

@@ -44,7 +44,7 @@ def _unmatched(reader, args: argparse.Namespace, filters: dict) -> str:
     given = [f"--{name} {value}" for name, value in (("job", args.job), ("node", args.node),
                                                      ("source", args.source)) if value]
     if args.since is not None:
-        given.append("--since")
+        given.append(f"--since {getattr(args.since, 'text', args.since)}")
     if not given or not reader.faults(limit=1):
         return EMPTY
     return f"no fault record matches {' '.join(given)}; the store has others (drop a filter to see them)."
@@ -53,9 +53,11 @@ def _unmatched(reader, args: argparse.Namespace, filters: dict) -> str:
 def _faults(rows: list[dict], args: argparse.Namespace, empty: str) -> int:
     wide = args.wide or getattr(args, "output", None) == "wide"
     fields = FAULT_FIELDS + (WIDE_FIELDS if wide else ())
-    columns = [time_col("time"), Col("job"), Col("round", drop=5), Col("node"), Col("instance"), Col("code"),
-               Col("source", drop=3), Col("action", drop=4), Col("result", drop=1), Col("duration_s", drop=2),
-               Col("message", gives_way=True)]
+    # On a narrow terminal the columns an operator needs least go first; the
+    # action taken (what happened to the job) is never hidden.
+    columns = [time_col("time"), Col("job"), Col("round", drop=3), Col("node", drop=6), Col("instance"),
+               Col("code", drop=5), Col("source", drop=4), Col("action"), Col("result", drop=2),
+               Col("duration_s", drop=1), Col("message", gives_way=True)]
     if wide:
         columns += [Col("reason"), Col("rule"), Col("category")]
     return listing(args, "Fault records", columns, (

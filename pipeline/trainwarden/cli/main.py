@@ -48,11 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
                                     'trainwarden run --nproc 4 --args "--enable-job-restart=True '
                                     '--enable-job-hang-detection=True --job-hang-interval=600" -- python train.py',
                                     "trainwarden run job.yaml -o json --quiet > events.jsonl",
-                                    "trainwarden run job.yaml --log-dir logs/ --store /var/lib/trainwarden/history"))
+                                    "trainwarden run job.yaml --log-dir logs/ --store ~/tw-history", args_flags=True))
     run.add_argument("job_file", nargs="?", help="a job YAML file (or give the command after --)")
     run.add_argument("--job-id", help="the job's id (default: made from the command and the time)")
     run.add_argument("--nproc", type=int, default=1, help="instances of the command (role worker); default 1")
-    run.add_argument("--args", default=None, help='the arguments string, e.g. "--enable-job-restart=True"')
+    run.add_argument("--args", default=None, help='the arguments string, e.g. "--enable-job-restart=True" (its flags are '
+                                                      'listed below)')
     run.add_argument("--framework", default="pytorch", help="pytorch, mpi, tensorflow or elasticbatch")
     run.add_argument("--stop-grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (default 10)")
     _store_option(run)
@@ -220,11 +221,22 @@ def _positive(text: str) -> int:
     return value
 
 
+class _Since(float):
+    """--since in seconds ago, remembering how it was given (to echo it back)."""
+
+    text: str
+
+    def __new__(cls, seconds: float, text: str):
+        value = super().__new__(cls, seconds)
+        value.text = text
+        return value
+
+
 def _since(text: str) -> float:
     from trainwarden.store.analytics import since_seconds
 
     try:
-        return since_seconds(text)
+        return _Since(since_seconds(text), text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -280,6 +292,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
+    if not argv and not command:
+        build_parser().print_help()  # a bare `trainwarden`: what it can do, not an error
+        return 0
     args = build_parser().parse_args(_join_args_value(argv))
     _raise_open_file_limit()
     # SIGTERM and SIGHUP (the terminal closed) end a run like Ctrl-C does:
@@ -292,7 +307,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             protect()
         return _dispatch(args, command)
     except SettingsError as exc:
-        return fail(str(exc), exc.hint or "see the flag table in the README")
+        return fail(str(exc), exc.hint or "'trainwarden run --help' lists every flag of --args with its default")
     except ConfigError as exc:
         return fail(str(exc), exc.hint)
     except KeyboardInterrupt:

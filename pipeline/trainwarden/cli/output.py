@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from trainwarden.cli.tables import Col, render
 from trainwarden.events import Decision, DecisionKind, LogLine, Stream
+from trainwarden.hints import OUTCOME_HINTS
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 # Piped output keeps whole rows rather than wrapping at rich's default of 80 columns.
@@ -29,9 +30,43 @@ class ExamplesFormatter(argparse.HelpFormatter):
         return super()._fill_text(text, width, indent)
 
 
-def examples(*lines: str) -> dict:
-    """``add_parser`` keywords for an "examples:" epilog."""
-    return {"epilog": "examples:\n" + "\n".join(f"  {line}" for line in lines), "formatter_class": ExamplesFormatter}
+def examples(*lines: str, args_flags: bool = False) -> dict:
+    """``add_parser`` keywords for an "examples:" epilog; ``args_flags``: then
+    the flags of the arguments string (--args), so that --help is the flag table."""
+    epilog = "examples:\n" + "\n".join(f"  {line}" for line in lines)
+    if args_flags:
+        epilog += "\n\n" + args_flags_text()
+    return {"epilog": epilog, "formatter_class": ExamplesFormatter}
+
+
+def args_flags_text() -> str:
+    """The flags --args (a job file's args:) takes, with default and meaning, one a line."""
+    from trainwarden.settings import defaults_table
+
+    import textwrap
+
+    lines = ["flags of --args (and of a job file's args:), with their defaults:"]
+    for flag, default, meaning in defaults_table():
+        # Two lines a flag: an 80-column terminal shows them unwrapped.
+        lines.append(f"  {flag}={default}")
+        lines += textwrap.wrap(meaning, width=78, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
+def plural(count: int, noun: str, after: str = "") -> str:
+    """``1 job restart``, ``2 job restarts``; ``after`` follows the noun (``2 lines`` `` cut at 16 KiB``)."""
+    ending = "" if count == 1 else "es" if noun.endswith(("s", "sh", "ch", "x")) else "s"
+    return f"{count} {noun}{ending}{after}"
+
+
+def print_outcome(job_id: str, status: str, reason: str, restarts: int, *, extra: str = "",
+                  history: str = "") -> None:
+    """The last lines of `run` and `submit --follow`: outcome, restarts, where the history is, and a hint."""
+    colour = "green" if status == "succeeded" else "red"
+    err_console.print(f"[{colour}]trainwarden ▸ job {_escape(job_id)} {status}[/]" + (f" ({reason})" if reason else "")
+                      + f"; {plural(restarts, 'job restart')}{_escape(extra)}. History: {_escape(history)}")
+    if reason in OUTCOME_HINTS:
+        err_console.print(f"trainwarden ▸ {OUTCOME_HINTS[reason]}", markup=False)
 
 
 def fail(message: str, hint: str = "", code: int = 2) -> int:
@@ -193,7 +228,10 @@ class ConsoleReporter:
         what = d.error_source.value if d.error_source else "job"
         who = f"{d.instance} " if d.instance else ""
         code = f" (exit code {d.error_code})" if d.error_code else ""
-        judged = f", {d.category} by {d.classifier}" if d.classifier and d.classifier != d.rule else ""
+        judged = ""
+        if d.classifier and d.classifier != d.rule:
+            # "connection_lost by connection_lost" said one thing twice.
+            judged = f", {d.category}" + (f" by {d.classifier}" if d.classifier != d.category else "")
         err_console.print(
             f"[{style}]trainwarden ▸ {who}{what}{code}{judged} → {d.kind.value}[/] "
             f"[dim]reason {d.reason.value}, rule {d.rule}, round {d.round}[/]")

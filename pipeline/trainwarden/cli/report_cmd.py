@@ -8,7 +8,7 @@ from pathlib import Path
 
 from trainwarden.cli.output import examples, fail, out_console
 from trainwarden.cli.stores import open_existing, store_target
-from trainwarden.report import NoSuchJob, collect, render
+from trainwarden.report import NoSuchJob, collect, latest_job, render
 
 COMMANDS = frozenset({"report"})
 TAKES_COMMAND: frozenset = frozenset()
@@ -16,10 +16,13 @@ TAKES_COMMAND: frozenset = frozenset()
 
 def add_commands(sub) -> None:
     report = sub.add_parser("report", help="one job's history as a self-contained HTML page",
-                            description="trainwarden report --job ID -o report.html",
-                            **examples("trainwarden report --job resnet-42 -o report.html",
+                            description="trainwarden report [--job ID] -o report.html: the outcome and why, "
+                                        "wall time, goodput and where the rest went, the rounds, faults and stack "
+                                        "reports.",
+                            **examples("trainwarden report -o report.html          # the latest job",
+                                       "trainwarden report --job resnet-42 -o report.html",
                                        "trainwarden report --job resnet-42 -o - > report.html"))
-    report.add_argument("--job", required=True, help="the job to report on")
+    report.add_argument("--job", help="the job to report on (default: the latest job submitted)")
     report.add_argument("-o", "--output", required=True, help="the HTML file to write ('-' for standard output)")
     report.add_argument("--store", help="history store directory or ClickHouse URL (default: $TRAINWARDEN_STORE "
                                         "or the per-user state directory)")
@@ -30,7 +33,10 @@ def dispatch(args: argparse.Namespace, command: list[str]) -> int:
     try:
         # A read never makes a store: a directory no run wrote is exit 2.
         with open_existing(store) as reader:
-            page = render(collect(reader, args.job))
+            job = args.job or latest_job(reader)
+            if job is None:
+                return fail(f"the history store {store} has no job yet", hint="run one: trainwarden run JOB.yaml")
+            page = render(collect(reader, job))
     except NoSuchJob:
         return fail(f"the history store {store} has no job {args.job!r}",
                     hint="'trainwarden history --jobs' lists the jobs it has")
@@ -42,5 +48,5 @@ def dispatch(args: argparse.Namespace, command: list[str]) -> int:
         target.write_text(page, encoding="utf-8")
     except OSError as exc:
         return fail(f"cannot write --output {args.output}: {exc.strerror}", hint="give a writable path")
-    out_console.print(f"wrote {target} ({len(page) // 1024} KiB)", highlight=False)
+    out_console.print(f"wrote {target} ({len(page) // 1024} KiB): job {job}", highlight=False)
     return 0

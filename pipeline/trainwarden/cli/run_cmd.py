@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from trainwarden.cli.jsonlines import JsonReporter
-from trainwarden.cli.output import ConsoleReporter, err_console, fail
+from trainwarden.cli.output import ConsoleReporter, fail, plural, print_outcome
 from trainwarden.cli.stores import store_target
 from trainwarden.cli.notify_cmd import notify_options
 from trainwarden.diagnose.collect import tool_order
@@ -85,7 +85,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         reporter.emit("job_started", job_id=job.job_id, instances=[i.name for i in job.instances()],
                       store=store_dir, log_dir=log_dir)
     else:
-        reporter.info(f"job {job.job_id}: {len(job.instances())} instances, history in {store_dir}"
+        reporter.info(f"job {job.job_id}: {plural(len(job.instances()), 'instance')}, history in {store_dir}"
                       + (f", output files in {log_dir}" if log_dir else ""))
     try:
         tools = () if args.stack_tools.strip().lower() == "none" else tool_order(args.stack_tools)
@@ -111,24 +111,17 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
                       counters=result.counters, lost_records=result.lost_records)
         reporter.flush()
         return result.exit_code
-    colour = "green" if result.exit_code == 0 else "red"
-    extra = f", {result.dead_letters} dead letters" if result.dead_letters else ""
-    for key, label in (("truncated_lines", "lines cut at 16 KiB"), ("non_utf8_lines", "lines with invalid UTF-8"),
-                       ("stale_lines_dropped", "lines of stopped instances dropped"),
-                       ("escaped_processes_killed", "escaped child processes killed")):
+    extra = f", {plural(result.dead_letters, 'dead letter')}" if result.dead_letters else ""
+    for key, noun, after in (("truncated_lines", "line", " cut at 16 KiB"),
+                             ("non_utf8_lines", "line", " with invalid UTF-8"),
+                             ("stale_lines_dropped", "line", " of stopped instances dropped"),
+                             ("escaped_processes_killed", "escaped child process", " killed")):
         if result.counters.get(key):
-            extra += f", {result.counters[key]} {label}"
+            extra += f", {plural(result.counters[key], noun, after)}"
     if result.lost_records:
-        extra += f", {result.lost_records} history records lost"
-    err_console.print(f"[{colour}]trainwarden ▸ job {result.job_id} {result.status.value}[/]"
-                      + (f" ({result.reason})" if result.reason else "")
-                      + f"; {result.rounds} job restarts{extra}. "
-                      + f"History: trainwarden history --job {result.job_id}"
-                      + (f" --store {store_dir}" if args.store else ""))
-    if result.reason == Reason.NO_PROGRESS.value:
-        err_console.print("trainwarden ▸ every restart failed again before the job got further (a crash loop); "
-                          "if it was making progress, say so with the SDK's monitor.report_progress(step), "
-                          "or raise --max-num-of-no-progress-restart", markup=False)
+        extra += f", {plural(result.lost_records, 'history record')} lost"
+    print_outcome(result.job_id, result.status.value, result.reason or "", result.rounds, extra=extra,
+                  history=f"trainwarden history --job {result.job_id}" + (f" --store {store_dir}" if args.store else ""))
     return result.exit_code
 
 

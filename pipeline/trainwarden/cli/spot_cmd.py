@@ -44,7 +44,7 @@ def dispatch(args: argparse.Namespace, command: list[str]) -> int:
     job = load_job_file(args.job_file)
     if not job.spot:
         return fail(f"{args.job_file}: the job has no spot roles to simulate",
-                    hint="add a 'spot' section to a role (see the README's spot section)")
+                    hint="add a 'spot' section to a role (docs/GUIDE.md, 'Spot (preemptible) jobs')")
     market = open_market(args.market)
     if not isinstance(market, TraceMarket):
         return fail(f"--market {args.market}: only a trace can be simulated")

@@ -128,9 +128,14 @@ def render(console: Console, title: str, columns: Sequence[Col], rows: Sequence[
     saved = console.width
     console.width = max(saved, total)
     try:
-        console.print(t)
+        with console.capture() as captured:
+            console.print(t)
     finally:
         console.width = saved
+    # Rich pads every cell to its column's width, the last one too: trailing
+    # spaces that a diff, a grep or a copy into an issue would carry.
+    console.file.write("".join(line.rstrip(" ") + "\n" for line in captured.get().splitlines()))
+    console.file.flush()
 
 
 def _title(title: str, hidden: list[str], width: int) -> str:

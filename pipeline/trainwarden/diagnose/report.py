@@ -113,7 +113,9 @@ def _suspects(per_instance: dict[str, tuple], groups: dict[tuple, list[Member]])
     majority_key, majority = ranked[0]
     where = str(majority_key[0]) if majority_key else "(no Python frames)"
     if len(ranked) == 1:
-        return (), (f"all {len(majority)} instances are stuck at the same place, {where}: look at what they "
+        who = {1: "the only instance dumped is", 2: "both instances are"}.get(len(majority),
+                                                                           f"all {len(majority)} instances are")
+        return (), (f"{who} stuck at the same place, {where}: look at what they "
                     "wait for (a peer outside the job, storage, the network)")
     if len(majority) == len(ranked[1][1]):
         spread = sorted(per_instance)
@@ -121,5 +123,6 @@ def _suspects(per_instance: dict[str, tuple], groups: dict[tuple, list[Member]])
     suspects = tuple(sorted(i for key, names in ranked[1:] for i in names))
     elsewhere = "; ".join(f"{', '.join(sorted(names))} in {key[0] if key else '(no Python frames)'}"
                           for key, names in ranked[1:])
-    return suspects, (f"suspect {', '.join(suspects)}: {elsewhere}, while {len(majority)} others wait in {where}")
+    others = "1 other waits" if len(majority) == 1 else f"{len(majority)} others wait"
+    return suspects, (f"suspect {', '.join(suspects)}: {elsewhere}, while {others} in {where}")
 

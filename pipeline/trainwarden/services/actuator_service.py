@@ -230,7 +230,7 @@ class ActuatorService:
                     self.say("the job asks for Slurm, but this actuator has none (--slurm-dir); "
                              "it runs on the agents", job_id)
                 runtime = AgentsRuntime(self, job_id, spec, instances, settings)
-            facts = JobFacts(job_id=job_id, submitted_at=submitted_at, framework="", args=args,
+            facts = JobFacts(job_id=job_id, submitted_at=submitted_at, framework=spec.framework, args=args,
                              instances=len(instances), node_name="")
             self.jobs[job_id] = Supervisor(runtime, self.history, self.reports, facts, node="", clock=self.clock,
                                            executed=self.executed)

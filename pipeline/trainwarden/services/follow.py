@@ -7,8 +7,9 @@ import time
 import msgspec
 from typing import Callable, Optional
 
-from trainwarden.bus import DECISIONS, EVENTS, LOGS, Bus
-from trainwarden.bus.messages import LogBatch, WireLogLine
+from trainwarden.actuator import wants_stack_report
+from trainwarden.bus import ACTUATOR_STATE, DECISIONS, EVENTS, LOGS, Bus
+from trainwarden.bus.messages import LogBatch, StackReportReady, WireLogLine
 from trainwarden.bus.serde import DecodeError, decode, encode
 from trainwarden.clock import now as clock_now
 from trainwarden.events import Decision, DecisionKind, JobSubmitted, LogLine
@@ -29,13 +30,22 @@ def submit(bus: Bus, job: JobDefinition) -> None:
         producer.close()
 
 
+# A hang that ends the job: the actuator dumps the stacks before it stops the
+# instances, so the report comes after the decision; wait this long for it
+# (stack dumps are bounded by the agents' --stack-timeout, 10 s by default).
+REPORT_WAIT_S = 30.0
+
+
 class Follower:
-    """Streams one job's output and decisions; ends at its last decision."""
+    """Streams one job's output, decisions and stack reports; ends at its last
+    decision (and the stack report of a hang that ended the job)."""
 
     def __init__(self, bus: Bus, job_id: str):
         self.job_id = job_id
-        self.consumer = bus.consumer([LOGS, DECISIONS], None, from_beginning=False)
+        # The actuator's state topic carries the stack reports' summaries (keyed by report, not by job).
+        self.consumer = bus.consumer([LOGS, DECISIONS, ACTUATOR_STATE], None, from_beginning=False)
         self.outcome: Optional[Decision] = None
+        self.reports: dict[str, StackReportReady] = {}
 
     def ready(self, timeout_s: float = 30.0) -> bool:
         """Partitions assigned: nothing produced from now on will be missed."""
@@ -45,15 +55,21 @@ class Follower:
         return self.consumer.ready()
 
     def follow(self, on_line: Callable[[LogLine], None], on_decision: Callable[[Decision], None],
-               timeout_s: Optional[float] = None) -> Optional[Decision]:
+               timeout_s: Optional[float] = None,
+               on_report: Callable[[StackReportReady], None] = lambda report: None) -> Optional[Decision]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while self.outcome is None and (deadline is None or time.monotonic() < deadline):
+        while not self._over() and (deadline is None or time.monotonic() < deadline):
             for record in self.consumer.poll(0.2, max_records=2000):
-                if record.key != self.job_id:
+                if record.key != self.job_id and record.topic != ACTUATOR_STATE:
                     continue
                 try:
                     message = decode(record.topic, record.value)
                 except DecodeError:
+                    continue
+                if record.topic == ACTUATOR_STATE:
+                    if isinstance(message, StackReportReady) and message.job_id == self.job_id:
+                        self.reports[message.report_id] = message
+                        on_report(message)
                     continue
                 if record.topic == DECISIONS:
                     if not isinstance(message, Decision):
@@ -61,10 +77,18 @@ class Follower:
                     on_decision(message)
                     if message.kind in (DecisionKind.COMPLETE_JOB, DecisionKind.FAIL_JOB):
                         self.outcome = message
+                        self._ended_at = time.monotonic()
                 else:
                     for line in _lines(message):
                         on_line(line)
         return self.outcome
+
+    def _over(self) -> bool:
+        if self.outcome is None:
+            return False
+        if not wants_stack_report(self.outcome) or self.outcome.action_id in self.reports:
+            return True
+        return time.monotonic() - self._ended_at > REPORT_WAIT_S
 
     def close(self) -> None:
         self.consumer.close()

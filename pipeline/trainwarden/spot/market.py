@@ -5,7 +5,7 @@ A provider answers "what is on offer ``at`` seconds after the job was
 submitted"; the run loop polls it at the edge and hands the answer to the
 engine as a ``MarketUpdate``. A cloud provider plugs in with
 ``register_provider("mycloud", factory)`` and is then opened with
-``--market mycloud://...`` (see the README's spot section).
+``--market mycloud://...`` (docs/GUIDE.md, "Spot (preemptible) jobs").
 
 Trace file (YAML):
 

@@ -1,0 +1,271 @@
+"""How a restart's cost grows with the job's width, on the Kafka cluster shape.
+
+For each size (instances on agents) this starts a real processor, actuator and
+that many agents (processes on this machine, one slot per instance, topics of
+their own on the broker), submits a Sync job of light ``sh`` instances that
+print a line every 0.5 s, and lets rank 0 crash with a retryable NCCL error
+2 s after the whole round 0 has started. Round 1's instances print a few lines
+and exit 0, so the job succeeds. Times are taken on this host's clock: the
+instances' own (files they write when they start and crash) and the broker's
+append time of each message (``kafka init`` sets LogAppendTime), one clock.
+
+Printed per size:
+  round 0            submit -> every instance of round 0 started
+  crash -> first     the crash -> the first instance of round 1 started
+  crash -> all       the crash -> every instance of round 1 started
+  decision           the crash -> the processor's decision on the bus
+  stop               the decision -> the last round-0 exit reported
+  start              the last stop's exit -> the last round-1 start
+  slowest agent      the agent whose last round-1 instance started last
+  CPU / memory       the processor's and the actuator's CPU seconds during the
+                     restart (crash -> all started) and peak resident memory
+  messages           records on every topic during the restart; commands alone
+
+    .venv/bin/python bench/scale.py [--sizes 16x2,128x4,512x8,1024x16] [--bootstrap HOST:PORT] [--json]
+
+Needs a broker (deploy/kafka/local-kafka start; TRAINWARDEN_KAFKA or
+--bootstrap). Not a test: docs/PERFORMANCE.md quotes its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+from kafka import KafkaConsumer, TopicPartition
+
+TRAINWARDEN = [sys.executable, "-m", "trainwarden.cli.main"]
+NCCL = "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system error"
+# $1: the directory the instances write their times to; $2: the job's width.
+INSTANCE = r"""
+d="$1"; width="$2"; r="$TRAINWARDEN_RESTART_ROUND"
+stamp() { date +%s.%N > "$d/.$1.$$" && mv "$d/.$1.$$" "$d/$1"; }
+stamp "start-$r-$RANK-$TRAINWARDEN_NODE"
+i=0; seen=-1
+while :; do
+  echo "step $i"
+  if [ "$r" = 0 ]; then
+    if [ "$RANK" = 0 ] && [ "$seen" -lt 0 ] && [ "$(ls "$d" | grep -c '^start-0-')" -ge "$width" ]; then seen=$i; fi
+    if [ "$RANK" = 0 ] && [ "$seen" -ge 0 ] && [ "$i" -ge $((seen + 4)) ]; then
+      stamp crash; echo "NCCL_LINE" >&2; exit 1
+    fi
+  elif [ "$i" -ge 6 ]; then
+    exit 0
+  fi
+  i=$((i + 1)); sleep 0.5
+done
+""".replace("NCCL_LINE", NCCL)
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        width, agents = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sizes: {text!r} is not INSTANCESxAGENTS (e.g. 128x4)") from None
+    if not (1 <= agents <= width <= 16_384):
+        raise argparse.ArgumentTypeError(f"--sizes: {text!r} needs 1 <= agents <= instances <= 16384")
+    return width, agents
+
+
+class Services:
+    """A processor, an actuator and ``agents`` agents on topics of their own."""
+
+    def __init__(self, bootstrap: str, tmp: Path, width: int, agents: int):
+        self.tmp = tmp
+        self.prefix = f"twscale{uuid.uuid4().hex[:6]}"
+        self.env = dict(os.environ, TRAINWARDEN_KAFKA=bootstrap, PYTHONPATH=str(ROOT / "pipeline"),
+                        TRAINWARDEN_TOPIC_PREFIX=self.prefix, TRAINWARDEN_STORE=str(tmp / "store"))
+        subprocess.run([*TRAINWARDEN, "kafka", "init", "--partitions", "4"], env=self.env, check=True,
+                       capture_output=True, timeout=120)
+        self.procs: dict[str, subprocess.Popen] = {}
+        slots = math.ceil(width / agents)
+        for index in range(agents):
+            node = f"{self.prefix}-{index}"
+            self._start(f"agent-{node}", "agent", "--node", node, "--slots", str(slots),
+                        "--log-dir", str(tmp / f"logs-{node}"), "--address", "127.0.0.1")
+        self._start("processor", "processor")
+        self._start("actuator", "actuator", "--store", str(tmp / "store"), "--node-timeout", "10")
+
+    def _start(self, name: str, *args: str) -> None:
+        log = open(self.tmp / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen([*TRAINWARDEN, *args], env=self.env, cwd=self.tmp, stdout=log,
+                                            stderr=subprocess.STDOUT)
+
+    def cpu_s(self, name: str) -> float:
+        fields = Path(f"/proc/{self.procs[name].pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def peak_mib(self, name: str) -> float:
+        for line in Path(f"/proc/{self.procs[name].pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = (self.tmp / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise SystemExit(f"scale: {name} exited ({proc.returncode}); its log ends:\n{tail}")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _times(directory: Path, prefix: str) -> dict[str, float]:
+    return {path.name: float(path.read_text()) for path in directory.glob(prefix + "*")}
+
+
+def _wait(what: str, predicate, timeout_s: float, services: Services) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        services.check_alive()
+        if time.monotonic() > deadline:
+            raise SystemExit(f"scale: timed out after {timeout_s:.0f} s waiting for {what}; logs in {services.tmp}")
+        time.sleep(0.05)
+
+
+def _records(bootstrap: str, prefix: str) -> list[tuple[str, float, object]]:
+    """Every record of this run's topics: (topic kind, broker append time in s, the message as JSON)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             max_partition_fetch_bytes=16 * 1024 * 1024)
+    partitions = [TopicPartition(topic, p) for topic in consumer.topics() if topic.startswith(prefix + ".")
+                  for p in consumer.partitions_for_topic(topic) or ()]
+    consumer.assign(partitions)
+    consumer.seek_to_beginning()
+    # Up to the ends as they are now: the agents go on heartbeating meanwhile.
+    ends = {tp: end for tp, end in consumer.end_offsets(partitions).items() if end > 0}
+    records = []
+    while any(consumer.position(tp) < end for tp, end in ends.items()):
+        for tp, batch in consumer.poll(timeout_ms=1000).items():
+            for record in batch:
+                if record.offset >= ends.get(tp, 0):
+                    continue
+                try:
+                    message = json.loads(record.value)
+                except (TypeError, ValueError):
+                    message = {}
+                records.append((record.topic.split(".", 1)[1], record.timestamp / 1000, message))
+    consumer.close()
+    return records
+
+
+def measure(bootstrap: str, width: int, agents: int, keep: bool) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix=f"tw-scale-{width}x{agents}-"))
+    marks = tmp / "marks"
+    marks.mkdir()
+    print(f"scale: {width} instances on {agents} agents (logs in {tmp})", file=sys.stderr, flush=True)
+    services = Services(bootstrap, tmp, width, agents)
+    try:
+        time.sleep(4.0)  # every agent has joined and sent a heartbeat
+        submitted = time.time()
+        job_id = f"scale-{width}"
+        submit = subprocess.Popen(
+            [*TRAINWARDEN, "submit", "--follow", "--job-id", job_id, "--nproc", str(width),
+             "--args", "--job-execution-mode=Sync --enable-job-restart=True --max-num-of-job-restart=3",
+             "--", "sh", "-c", INSTANCE, "instance", str(marks), str(width)],
+            env=services.env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=open(tmp / "submit.log", "wb"))
+        budget = 60 + width * 0.5
+        _wait("every instance of round 0 to start", lambda: len(_times(marks, "start-0-")) >= width, budget, services)
+        _wait("the crash", lambda: (marks / "crash").exists(), 60, services)
+        cpu = {name: services.cpu_s(name) for name in ("processor", "actuator")}
+        _wait("every instance of round 1 to start", lambda: len(_times(marks, "start-1-")) >= width, budget,
+              services)
+        cpu = {name: services.cpu_s(name) - before for name, before in cpu.items()}
+        peak = {name: services.peak_mib(name) for name in ("processor", "actuator")}
+        try:
+            code = submit.wait(budget)
+        except subprocess.TimeoutExpired:
+            submit.kill()
+            code = None
+        crash = float((marks / "crash").read_text())
+        starts0 = _times(marks, "start-0-")
+        starts1 = _times(marks, "start-1-")
+        last_per_agent: dict[str, float] = {}
+        for name, at in starts1.items():
+            node = name.split("-", 3)[3]
+            last_per_agent[node] = max(at, last_per_agent.get(node, 0.0))
+        slowest = max(last_per_agent, key=last_per_agent.get)
+        records = [r for r in _records(bootstrap, services.prefix) if r[1] >= crash - 1.0]
+        window = [r for r in records if r[1] <= max(starts1.values()) + 0.5]
+        decision = min((at for kind, at, m in records if kind == "decisions"), default=float("nan"))
+        exits0 = [at for kind, at, m in records
+                  if kind == "events" and m.get("type") == "instance_exited" and m.get("round") == 0]
+        last_exit = max(exits0, default=float("nan"))
+        return {
+            "instances": width, "agents": agents, "job_succeeded": code == 0,
+            "round0_s": max(starts0.values()) - submitted,
+            "crash_to_first_s": min(starts1.values()) - crash,
+            "crash_to_all_s": max(starts1.values()) - crash,
+            "decision_s": decision - crash,
+            "stop_s": last_exit - decision,
+            "start_s": max(starts1.values()) - last_exit,
+            "slowest_agent_s": last_per_agent[slowest] - crash,
+            "fastest_agent_s": min(last_per_agent.values()) - crash,
+            "processor_cpu_s": cpu["processor"], "actuator_cpu_s": cpu["actuator"],
+            "processor_peak_mib": peak["processor"], "actuator_peak_mib": peak["actuator"],
+            "messages": len(window), "commands": sum(1 for kind, _, _ in window if kind == "commands"),
+        }
+    finally:
+        services.stop()
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+COLUMNS = (("instances", "inst", "{:d}"), ("agents", "agents", "{:d}"), ("round0_s", "round 0", "{:.2f}"),
+           ("crash_to_first_s", "first", "{:.2f}"), ("crash_to_all_s", "all", "{:.2f}"),
+           ("decision_s", "decide", "{:.2f}"), ("stop_s", "stop", "{:.2f}"), ("start_s", "start", "{:.2f}"),
+           ("slowest_agent_s", "slow ag", "{:.2f}"), ("processor_cpu_s", "proc cpu", "{:.2f}"),
+           ("actuator_cpu_s", "act cpu", "{:.2f}"), ("processor_peak_mib", "proc MiB", "{:.0f}"),
+           ("actuator_peak_mib", "act MiB", "{:.0f}"),
+           ("messages", "msgs", "{:d}"), ("commands", "cmds", "{:d}"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="16x2,128x4,512x8,1024x16",
+                        help="comma-separated INSTANCESxAGENTS (default 16x2,128x4,512x8,1024x16)")
+    parser.add_argument("--bootstrap", default=os.environ.get("TRAINWARDEN_KAFKA"))
+    parser.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
+    parser.add_argument("--keep", action="store_true", help="keep each size's directory (services' logs)")
+    args = parser.parse_args()
+    if not args.bootstrap:
+        parser.error("no broker: set TRAINWARDEN_KAFKA or pass --bootstrap (deploy/kafka/local-kafka start)")
+    sizes = [_size(part) for part in args.sizes.split(",") if part]
+    print(f"machine: {os.cpu_count()} cores, {os.uname().machine}, Python {sys.version.split()[0]}",
+          file=sys.stderr)
+    if not args.json:
+        print("  ".join(f"{title:>{max(len(title), 6)}}" for _, title, _ in COLUMNS))
+    for width, agents in sizes:
+        row = measure(args.bootstrap, width, agents, args.keep)
+        if args.json:
+            print(json.dumps(row), flush=True)
+        else:
+            print("  ".join(f"{fmt.format(row[key]):>{max(len(title), 6)}}" for key, title, fmt in COLUMNS),
+                  flush=True)
+        if not row["job_succeeded"]:
+            print(f"scale: the {width}-instance job did not succeed", file=sys.stderr)
+    print("times in seconds: round 0 = submit -> all started; first/all = crash -> round 1 started; "
+          "decide/stop/start = the restart's stages (README: docs/PERFORMANCE.md)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
