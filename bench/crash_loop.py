@@ -7,8 +7,9 @@ gloo for a process group of 4; the store times out after 3 s in every round
 clients``), which the catalogue judges a retryable rendezvous timeout. Each
 launcher has a budget of 20 restarts, as a long pre-training run would:
 
-- Trainwarden with the no-progress guard (the default,
-  ``--max-num-of-no-progress-restart=3``);
+- Trainwarden with the no-progress guards (the default,
+  ``--max-num-of-no-progress-restart=3``, and the same failure again
+  without progress fails after one restart: engine/operational.py);
 - Trainwarden with the guard off (``=-1``): the restart budget alone;
 - torchrun ``--max-restarts 20`` (stock, ``--standalone``).
 

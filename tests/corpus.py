@@ -45,7 +45,9 @@ ALIASES = {
     "thudm/codegeex": "zai-org/codegeex",
     "nvidia/nemo": "nvidia-nemo/nemo",
 }
-_HEADER = re.compile(r"^# (source|repo|exit_code|expect|category|reason|note):\s?(.*)$")
+_HEADER = re.compile(r"^# (source|repo|exit_code|expect|category|phase|reason|note):\s?(.*)$")
+# The phase the lines show the failure in (evidence/phase.py has the rule that annotated them).
+PHASES = ("initialisation", "training", "evaluation", "checkpoint", "unknown")
 
 
 class CorpusError(ValueError):
@@ -62,6 +64,7 @@ class Excerpt:
     category: str
     reason: str
     lines: tuple[str, ...]
+    phase: str = "unknown"
 
     @property
     def name(self) -> str:
@@ -97,12 +100,15 @@ def load_excerpt(path: Path) -> Excerpt:
                "unknown": ("unknown",)}[expect]
     if category not in allowed:
         raise CorpusError(f"{path}: category {category!r} does not go with {expect}")
+    phase = header.get("phase", "unknown").split()[0] if header.get("phase") else "unknown"
+    if phase not in PHASES:
+        raise CorpusError(f"{path}: phase {phase!r} is not one of {', '.join(PHASES)}")
     tail = tuple(lines[body:])
     if not any(line.strip() for line in tail):
         raise CorpusError(f"{path}: no log lines after the header")
     return Excerpt(path=path, source=header["source"].split()[0], repo=canonical_repo(header["repo"]),
                    exit_code=int(code.group(1)), expect=expect, category=category, reason=header["reason"],
-                   lines=tail)
+                   lines=tail, phase=phase)
 
 
 def load_corpus(directory: Path = CORPUS) -> list[Excerpt]:

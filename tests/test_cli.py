@@ -66,6 +66,26 @@ def test_classify_explain_shows_the_evidence_weighed_and_why_the_root_won(cli, t
     assert "raised in user" in result.out
 
 
+KEY_ERROR = ("Traceback (most recent call last):\n  File \"/job/train.py\", line 40, in training_step\n"
+             "KeyError: 'input_ids'\n")
+
+
+def test_classify_explain_says_how_progress_recurrence_and_the_node_would_weigh_in_a_running_job(cli, tmp_path):
+    (tmp_path / "worker-0.log").write_text(KEY_ERROR)
+    result = cli("classify", "--explain", str(tmp_path / "worker-0.log"))
+    assert result.code == 0, result
+    assert "phase the lines show: training" in result.out
+    assert "before any progress in its round: fail_job (non_retryable_failure" in result.out
+    assert "after progress, the first time: restart_job (second_chance, rule first_error_after_progress)" in result.out
+    assert "the same again at the same step: fail_job" in result.out
+    judged = json.loads(cli("classify", "--explain", "--json", str(tmp_path / "worker-0.log")).out)
+    operational = judged["operational"]
+    assert operational["phase"] == "training"
+    [after] = operational["situations"]["after_progress"]
+    assert after["reason"] == "second_chance" and "progress: step 100" in after["evidence"]
+    assert "operational" not in json.loads(cli("classify", "--json", str(tmp_path / "worker-0.log")).out)
+
+
 def test_classify_refuses_exit_codes_that_do_not_fit_the_files(cli, tmp_path):
     (tmp_path / "a.log").write_text("x\n")
     (tmp_path / "b.log").write_text("y\n")

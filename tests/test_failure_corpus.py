@@ -9,6 +9,7 @@ import collections
 import pytest
 
 from tests.corpus import CORPUS, LABELS, CorpusError, load_corpus, load_excerpt, score, split
+from tests.corpus_jobs import SHIPPED, costs
 from trainwarden.rules.loader import load_rules
 
 MIN_EXCERPTS = 400
@@ -22,6 +23,13 @@ MIN_NOT_RETRYABLE = 0.35
 MIN_ACCURACY = 0.78
 MIN_CATEGORY_ACCURACY = 0.60
 CATEGORY_SUPPORT = 10  # categories with this many test excerpts or more are held to MIN_CATEGORY_ACCURACY
+# What the shipped policy costs on the test set, each excerpt run as a job
+# (tests/corpus_jobs.py; bench/classify_corpus.py prints it): 3.3% of the
+# transient failures lose their job (6 of 184; 17.9% before the decisions
+# of engine/operational.py) and 0.76 restarts are spent per persistent
+# failure (issue 27's ceiling: 0.8). Issue 27's 2% is not met: see the README.
+MAX_LOST_SHARE = 0.034
+MAX_RESTARTS_PER_PERSISTENT = 0.80
 
 EXCERPTS = load_corpus()
 TUNE, TEST = split(EXCERPTS)
@@ -68,6 +76,13 @@ def test_the_verdict_on_the_test_set_stays_at_or_above_the_measured_figures():
             assert right / total >= MIN_CATEGORY_ACCURACY, f"{category}: {right}/{total} right on the test set"
 
 
+def test_on_the_test_set_few_transient_failures_lose_their_job_and_few_restarts_go_to_persistent_ones():
+    result = costs(load_rules(), TEST, SHIPPED)
+    assert result.lost_share <= MAX_LOST_SHARE, f"{result.lost_share:.1%} of the transient failures lost their job"
+    assert result.restarts_per_persistent <= MAX_RESTARTS_PER_PERSISTENT, (
+        f"{result.restarts_per_persistent:.2f} restarts per persistent failure")
+
+
 def test_every_excerpt_has_exactly_one_blind_reading_of_a_valid_verdict():
     # bench/corpus_ceiling.py sets the labels beside what a reader of the
     # lines alone concluded; a new excerpt needs its blind reading too.
@@ -79,3 +94,10 @@ def test_every_excerpt_has_exactly_one_blind_reading_of_a_valid_verdict():
         assert verdict in LABELS and sure in ("sure", "unsure") and why, f"blind_reader.tsv line {number}: {line!r}"
         readings[name] += 1
     assert readings == collections.Counter(e.name for e in EXCERPTS)
+
+
+def test_every_excerpt_names_the_phase_its_lines_show():
+    # bench/corpus_phases.py writes it by the rule of trainwarden/evidence/phase.py.
+    for path in sorted(CORPUS.glob("*/*.log")):
+        head = path.read_text(encoding="utf-8").split("\n")[:12]
+        assert any(line.startswith("# phase: ") for line in head), f"{path}: no '# phase:' line"

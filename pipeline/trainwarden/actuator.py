@@ -215,4 +215,5 @@ class Actuator:
             reason=decision.reason.value, rule=decision.rule, classifier=decision.classifier,
             category=decision.category, error_signature=decision.error_signature, updated_at=now,
             verdict=decision.verdict, consequences="; ".join(decision.consequences),
+            evidence=decision.evidence,
         )])

@@ -88,6 +88,12 @@ class Reason(str, enum.Enum):
     # Restart after restart, each failing before the job got further (a
     # crash loop): the fault comes from the job, whatever its verdict.
     NO_PROGRESS = "no_progress"
+    # A not-retryable error the job never showed before, on weak evidence
+    # (after progress, or before it on the words or exit code alone): one
+    # restart (engine/operational.py).
+    SECOND_CHANCE = "second_chance"
+    # The same retryable error on the same node again: the node is isolated.
+    NODE_FAULT = "node_fault"
     CUSTOM_MESSAGE = "custom_message"
     NODE_LOST = "node_lost"
     C4D_ERROR = "c4d_error"
@@ -154,7 +160,7 @@ class JobSpec(msgspec.Struct, frozen=True):
     env: tuple[tuple[str, str], ...] = ()
     stop_grace_s: float = 10.0
     checkpoint_dir: str = ""  # TRAINWARDEN_CHECKPOINT_DIR of every instance
-    runtime: str = "agents"  # where the cluster runs it: agents, slurm (runtime/registry.py)
+    runtime: str = "agents"  # where the cluster runs it: a runtime's name in runtime/registry.py
     preload: tuple[str, ...] = ()  # modules a standby interpreter imports before it becomes an instance
     framework: str = ""  # pytorch, mpi, ...: for the jobs table (history --jobs) of a cluster job
     runtime_options: str = ""  # the job file's engine section (kubernetes:), JSON, read by its runtime's package
@@ -253,8 +259,8 @@ class NodeLost(msgspec.Struct, frozen=True, tag="node_lost"):
 
 
 class Preempted(msgspec.Struct, frozen=True, tag="preempted"):
-    """The scheduler that runs the job took its capacity back (Slurm requeued
-    or preempted its allocation while the nodes were up): not a fault of the
+    """The scheduler that runs the job took its capacity back (requeued or
+    preempted its allocation while the nodes were up): not a fault of the
     job. Said by the runtime that holds the allocation, from the scheduler's
     own state, never from the job's output."""
 
@@ -367,6 +373,9 @@ class Decision(msgspec.Struct, frozen=True):
     # "worker-0 rank 2"), each with its category.
     verdict: str = ""
     consequences: tuple[str, ...] = ()
+    # Failures: the operational evidence weighed beside the verdict (phase,
+    # progress, recurrence, node), in words (engine/operational.py).
+    evidence: str = ""
 
 
 def action_id(job_id: str, *parts: object) -> str:

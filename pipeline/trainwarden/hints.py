@@ -9,7 +9,7 @@ OUTCOME_HINTS = {
                          "bound it",
     "no_progress": "every restart failed again before the job got further (a crash loop); if it was making "
                    "progress, say so with the SDK's monitor.report_progress(step), or raise "
-                   "--max-num-of-no-progress-restart",
+                   "--max-num-of-no-progress-restart (-1: off)",
     "restart_limit_reached": "the job used up its restarts: --max-num-of-job-restart=N allows more, if the "
                              "faults are transient",
 }

@@ -65,7 +65,7 @@ class JobDefinition:
     spot: tuple[RoleBid, ...] = ()
     # Given to every instance as TRAINWARDEN_CHECKPOINT_DIR (resume after preemption).
     checkpoint_dir: Optional[str] = None
-    # Where the cluster runs it (trainwarden submit --runtime): agents, slurm.
+    # Where the cluster runs it (trainwarden submit --runtime): a runtime of runtime/registry.py.
     runtime: str = "agents"
     # Modules a standby interpreter imports before it becomes an instance (runtime/standby.py).
     preload: tuple[str, ...] = ()

@@ -40,8 +40,9 @@ class Service:
 
 class LocalCluster:
     def __init__(self, bus, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 3.0,
-                 slurm=None):
-        """slurm: a SlurmSite; the agents are then those of the Slurm nodes n1..n3."""
+                 slurm=None, sites=None):
+        """slurm: a SlurmSite; the agents are then those of the Slurm nodes n1..n3.
+        sites: more runtimes the actuator reaches, by kind (runtime/registry.py)."""
         self.bus = bus
         self.tmp = tmp
         self.store = tmp / "store"
@@ -57,7 +58,9 @@ class LocalCluster:
                        for name in names}
         self.processor = Service("processor", Processor(bus, load_rules()))
         self.actuator = Service("actuator", ActuatorService(bus, open_writer(self.store),
-                                                            node_timeout_s=node_timeout_s, slurm=slurm))
+                                                            node_timeout_s=node_timeout_s,
+                                                            sites={**({"slurm": slurm} if slurm else {}),
+                                                                   **(sites or {})}))
         deadline = time.time() + 20
         while not all(a.service.ready() for a in self.agents.values()) and time.time() < deadline:
             time.sleep(0.1)

@@ -10,7 +10,7 @@ import standardwebhooks
 from trainwarden.diagnose.collect import find_tool
 
 from tests.cluster.processes import wait_for
-from tests.cluster.test_cluster_kafka import NCCL, _finish, _submit, bootstrap, services  # noqa: F401 - fixtures
+from tests.cluster.test_cluster_kafka import NCCL, _finish, _submit, services  # noqa: F401 - fixtures
 from tests.conftest import TRAINWARDEN
 from tests.notify.conftest import ENV, SECRET, receiver, subscription_yaml  # noqa: F401 - fixture
 

@@ -9,7 +9,7 @@ import pytest
 
 from trainwarden.bus import open_bus
 from tests.cluster.processes import ServiceProcesses, behave, wait_for
-from tests.cluster.test_cluster_kafka import _done, _finish, _node_running, bootstrap  # noqa: F401 - fixture
+from tests.cluster.test_cluster_kafka import _done, _finish, _node_running
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 

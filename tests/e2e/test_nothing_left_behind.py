@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.processes import ServiceProcesses
-from tests.cluster.test_cluster_kafka import bootstrap  # noqa: F401 - the fixture: skips without TRAINWARDEN_KAFKA
 from tests.conftest import ROOT, TRAINWARDEN, job_processes
 
 # Depth 1 starts depth 2, which leaves the session (as daemons do) and starts

@@ -33,6 +33,9 @@ def test_a_persistent_error_with_slow_exit_handlers_fails_the_job_despite_its_pe
     assert failed["category"] == "user_shape_error" and failed["verdict"] == "not_retryable"
     # Consequences in the order their instances failed, which the two survivors race for.
     assert sorted(failed["consequences"].split("; ")) == ["worker-0: connection_lost", "worker-2: connection_lost"]
+    # The operational evidence weighed beside the verdict (engine/operational.py): a first error before any progress.
+    assert failed["evidence"].startswith("phase: ") and "no progress in its round" in failed["evidence"]
+    assert "recurrence: first time in this job" in failed["evidence"] and "node: " in failed["evidence"]
 
 
 def test_the_same_verdict_comes_from_one_tail_holding_every_rank_and_torchruns_summary(cli, job_id, history):

@@ -52,7 +52,10 @@ def test_restarts_disabled_turn_a_retryable_fault_into_a_failed_job(cli, job_id,
 
 
 def test_a_job_that_keeps_crashing_fails_after_the_restart_limit(cli, job_id, history):
-    result = run_behave(cli, job_id, "--enable-job-restart=True --max-num-of-job-restart=2",
+    # The same kill at step 0 every round: with the no-progress guards on it would end at its second
+    # time (engine/operational.py); off, the restart limit ends it.
+    result = run_behave(cli, job_id, "--enable-job-restart=True --max-num-of-job-restart=2 "
+                        "--max-num-of-no-progress-restart=-1",
                         "--fail-rank", "0", "--fail-code", "137", "--fail-at-step", "0")
     assert result.code == 1, result
     done = [r for r in history(job_id, "--wide") if r["result"] == "done"]

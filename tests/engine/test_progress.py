@@ -30,7 +30,8 @@ def test_a_step_reported_by_a_stopped_incarnation_does_not_count_for_the_next_ro
     job.feed(SdkMessage(job_id="job-1", time=job.now, instance="worker-0", round=0, start=0,
                         op=SdkOp.REPORT_PROGRESS, step=11))
     job.restart_all()
-    [second] = job.at(3).exit("worker-1", 137)
+    # Other errors each time: the same one again without progress is judged sooner (engine/operational.py).
+    [second] = job.at(3).exit("worker-1", 1, "OSError: [Errno 116] Stale file handle")
     job.restart_all()
     [third] = job.at(4).exit("worker-1", 137)
     assert [d.kind for d in (restart, second)] == [DecisionKind.RESTART_JOB] * 2

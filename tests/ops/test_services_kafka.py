@@ -21,7 +21,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.processes import ServiceProcesses, behave, wait_for
-from tests.cluster.test_cluster_kafka import bootstrap  # noqa: F401 - fixture
 from tests.conftest import ROOT, TRAINWARDEN
 from tests.ops.support import get
 from tests.notify.conftest import ENV, receiver, subscription_yaml  # noqa: F401 - fixture

@@ -22,13 +22,17 @@ from trainwarden.bus.serde import encode
 from trainwarden.events import Decision, DecisionKind, LogLine, Preempted
 from trainwarden.jobspec import JobDefinition, from_command
 from trainwarden.rules.loader import load_rules
+from trainwarden.runtime import registry
+from tests.scenarios.pinned import KIND as PINNED
 from trainwarden.runtime.registry import runtime_kind
 from trainwarden.services.embedded import EmbeddedRun
 from trainwarden.services.follow import Follower, submit
 from trainwarden.store import open_reader, open_writer
 from tests.e2e.test_c4d import send_c4d
 
-RUNTIMES = ("local", "agents", "slurm")
+# Every runtime of the registry, and the one these tests define themselves
+# (tests/scenarios/pinned.py, registered while its scenarios run).
+RUNTIMES = (*registry.names(), PINNED.name)
 PROGRAM = str(Path(__file__).resolve().parent / "programs" / "resume.py")
 
 # When a printed line matches, C4D's collector on the node running that
@@ -77,13 +81,14 @@ def job(job_id: str, tmp: Path, args: str, *program: str, nproc: int = 2, python
 def run(runtime: str, tmp: Path, definition: JobDefinition, trigger: Optional[Trigger] = None,
         timeout_s: float = 90.0, slurm=None) -> Outcome:
     """slurm: the site for the slurm runtime (default: slurm_site(tmp))."""
-    runtime_kind(runtime)  # a runtime the registry does not know is a mistake in the test
-    if runtime == "local":
+    kind = runtime_kind(runtime)  # a runtime the registry does not know is a mistake in the test
+    if not kind.submitted:
         return _run_local(tmp, definition, trigger, timeout_s)
-    if runtime == "slurm":
-        return _run_agents(tmp, dataclasses.replace(definition, runtime="slurm"), trigger, timeout_s,
-                           slurm=slurm or slurm_site(tmp))
-    return _run_agents(tmp, definition, trigger, timeout_s)
+    definition = dataclasses.replace(definition, runtime=kind.name)
+    if runtime == "slurm":  # its agents are those of the Slurm nodes, its site the cluster CI starts
+        return _run_agents(tmp, definition, trigger, timeout_s, slurm=slurm or slurm_site(tmp))
+    # Any other kind: the site its entry builds without options.
+    return _run_agents(tmp, definition, trigger, timeout_s, sites={kind.name: kind.site({}, None)})
 
 
 def slurm_site(tmp: Path, run_as=None, python: str = sys.executable):
@@ -146,11 +151,11 @@ def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger],
 
 
 def _run_agents(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger], timeout_s: float,
-                slurm=None) -> Outcome:
+                slurm=None, sites=None) -> Outcome:
     from tests.cluster.harness import LocalCluster
 
     bus = MemoryBus()
-    cluster = LocalCluster(bus, tmp, slurm=slurm)
+    cluster = LocalCluster(bus, tmp, slurm=slurm, sites=sites)
     lines: list[LogLine] = []
     try:
         follower = Follower(bus, definition.job_id)
@@ -181,7 +186,7 @@ def _run_agents(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger]
             cancel_slurm_jobs(definition.job_id)
     assert cluster.errors() == []
     files = sorted(p for p in tmp.glob("logs-*/**/*.log") if p.is_file())
-    return _history("slurm" if slurm else "agents", cluster.store, definition.job_id, final, lines, files)
+    return _history(definition.runtime, cluster.store, definition.job_id, final, lines, files)
 
 
 def _history(runtime: str, store: Path, job_id: str, final, lines, files) -> Outcome:

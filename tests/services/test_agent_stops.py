@@ -109,7 +109,7 @@ def test_a_stop_of_an_adopted_slurm_task_reaches_it_after_a_newer_incarnation_wa
         proc = subprocess.Popen(["sleep", "600"], env={"PATH": os.environ["PATH"], "TRAINWARDEN_TOKEN": token},
                                 start_new_session=True)
         tasks.append(proc)
-        _send(bus, ExpectTasks(node="*", job_id=JOB, slurm_job=5,
+        _send(bus, ExpectTasks(node="*", job_id=JOB, allocation=5,
                                incarnations=(("worker-0", 0, start, token_digest(token)),)))
         output = site / "outputs" / f"5-step{step}-task0.out"
         for directory in (output.parent, site / "manifests"):

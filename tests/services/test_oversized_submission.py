@@ -15,7 +15,6 @@ import uuid
 import pytest
 
 from tests.cluster.processes import free_port, wait_for
-from tests.cluster.test_cluster_kafka import bootstrap  # noqa: F401 - fixture
 from tests.conftest import ROOT, TRAINWARDEN
 from tests.ops.support import get
 

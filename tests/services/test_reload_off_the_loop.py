@@ -22,7 +22,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.processes import free_port, wait_for
-from tests.cluster.test_cluster_kafka import bootstrap  # noqa: F401 - fixture
 from tests.conftest import ROOT, TRAINWARDEN
 from tests.ops.support import get
 

@@ -26,8 +26,7 @@ from trainwarden.jobspec import from_command
 from trainwarden.runtime.slurm.adopt import UNANNOUNCED_S, SlurmTasks, token_digest
 from trainwarden.runtime.slurm.files import adopted_name
 from trainwarden.runtime.slurm.handoff import TASK_TOKENS
-from trainwarden.runtime.slurm.runtime import SlurmRuntime, SlurmSite
-from trainwarden.settings import parse_args_string
+from trainwarden.runtime.slurm.runtime import SlurmSite
 from trainwarden.runtime.slurm.task import write_json_atomic
 
 T0 = 1_700_000_000.0
@@ -200,12 +199,12 @@ def test_a_round_restarted_before_any_heartbeat_is_stopped_where_slurm_put_its_t
     # heartbeat shows them, into the next round's checkpoints).
     definition = from_command([sys.executable, "train.py"], 2, "--enable-job-restart=True", "quick", stop_grace_s=2)
     slurm, port = _Slurm(), _Port()
-    runtime = SlurmRuntime(port, "quick", definition.spec(), definition.instances(),
-                           parse_args_string("--enable-job-restart=True"), SlurmSite(slurm, tmp_path))
+    runtime = port.runtime(definition, "--enable-job-restart=True", SlurmSite(slurm, tmp_path))
     for name in runtime.instance_names:
         runtime.start(name, 0, 0)
-    runtime.retry_waiting()  # the allocation runs on n1..n3: the round's step, task i on node i
+    port.turn(runtime)  # the allocation runs on n1..n3: the round's step, task i on node i
     port.commands.clear()
     runtime.stop(runtime.instance_names, incarnations={"worker-0": (0, 0), "worker-1": (0, 0)})
+    port.take(runtime.drain())
     stops = sorted((c.node, c.instances, c.incarnations) for c in port.commands if isinstance(c, StopInstances))
     assert stops == [("n1", ("worker-0",), (("worker-0", 0, 0),)), ("n2", ("worker-1",), (("worker-1", 0, 0),))]

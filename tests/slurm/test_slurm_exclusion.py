@@ -13,8 +13,7 @@ import sys
 from tests.slurm.test_slurm_lone_restart import NODES, _Port, _Slurm
 from trainwarden.jobspec import from_command
 from trainwarden.runtime.slurm.parse import JobState, NodeState, SlurmJob, SlurmNode
-from trainwarden.runtime.slurm.runtime import SlurmRuntime, SlurmSite
-from trainwarden.settings import parse_args_string
+from trainwarden.runtime.slurm.runtime import SlurmSite
 
 
 class _Waiting(_Slurm):
@@ -40,8 +39,7 @@ class _Waiting(_Slurm):
 def _runtime(tmp_path, slurm):
     definition = from_command([sys.executable, "train.py"], 2, "--enable-job-restart=True", "held", stop_grace_s=2)
     port = _Port()
-    runtime = SlurmRuntime(port, "held", definition.spec(), definition.instances(),
-                           parse_args_string("--enable-job-restart=True"), SlurmSite(slurm, tmp_path))
+    runtime = port.runtime(definition, "--enable-job-restart=True", SlurmSite(slurm, tmp_path))
     runtime.excluded.add("n1")  # isolated by a rule
     return runtime, port
 
@@ -51,10 +49,10 @@ def test_a_waiting_allocation_no_longer_excludes_a_node_that_answers_again(tmp_p
     runtime, port = _runtime(tmp_path, slurm)
     for name in runtime.instance_names:
         runtime.start(name, 1, 1)  # the allocation is asked for (the stand-in's id 7)
-    runtime.retry_waiting()  # Slurm's nodes read: all respond
+    port.turn(runtime)  # Slurm's nodes read: all respond
     assert slurm.updates == [(7, ["n1"])] and slurm.excluded == ("n1",)
     port.now += 1
-    runtime.retry_waiting()
+    port.turn(runtime)
     assert slurm.updates == [(7, ["n1"])]  # said once
 
 
@@ -65,5 +63,5 @@ def test_a_waiting_allocation_excludes_a_node_found_down_meanwhile(tmp_path):
     runtime, port = _runtime(tmp_path, slurm)
     for name in runtime.instance_names:
         runtime.start(name, 1, 1)
-    runtime.retry_waiting()
+    port.turn(runtime)
     assert slurm.updates == [(7, ["n1", "n3"])]

@@ -18,7 +18,7 @@ from tests.slurm.test_slurm_parse import STEP_ENV
 from tests.slurm.test_task_files import run_task
 from trainwarden.bus.messages import ExpectTasks
 from trainwarden.jobspec import from_command
-from trainwarden.runtime.base import Capability
+from trainwarden.runtime.base import AgentCommand, Capability, EngineError, JobToRun
 from trainwarden.runtime.nodes import Cluster, master_port
 from trainwarden.runtime.slurm.adopt import token_digest
 from trainwarden.runtime.slurm.parse import JobState, SlurmJob, round_task_env, torch_env_from_slurm
@@ -142,6 +142,10 @@ class _Slurm:
 
 
 class _Port:
+    """The actuator's side of a Slurm runtime, as a test holds it: the node
+    table, a pinned clock, and the commands the runtime said (runtime/base.py
+    events); an engine error fails the test."""
+
     def __init__(self):
         self.cluster = Cluster(5.0)
         self.now = 1000.0
@@ -150,37 +154,30 @@ class _Port:
     def clock(self):
         return self.now
 
-    def send_command(self, command):
-        self.commands.append(command)
+    def runtime(self, definition, args: str, site: SlurmSite) -> SlurmRuntime:
+        job = JobToRun(definition.job_id, definition.spec(), tuple(definition.instances()), parse_args_string(args))
+        return SlurmRuntime(job, self.cluster, self.clock, site)
 
-    def expect_dumps(self, *args):
-        pass
+    def take(self, events) -> None:
+        for event in events:
+            if isinstance(event, EngineError):
+                raise AssertionError(event.text)
+            if isinstance(event, AgentCommand):
+                self.commands.append(event.command)
 
-    def isolate(self, *args):
-        pass
-
-    def no_capacity(self):
-        pass
-
-    def node_lost(self, *args):
-        pass
-
-    def preempted(self, *args):
-        pass
-
-    def slurm_error(self, job_id, text):
-        raise AssertionError(text)
+    def turn(self, runtime: SlurmRuntime) -> None:
+        """One turn of the actuator's loop."""
+        self.take(runtime.poll())
 
 
 @pytest.fixture
 def async_job(tmp_path):
     definition = from_command([sys.executable, "train.py"], 3, "--job-execution-mode=Async", "lone", stop_grace_s=2)
     slurm, port = _Slurm(), _Port()
-    runtime = SlurmRuntime(port, "lone", definition.spec(), definition.instances(),
-                           parse_args_string("--job-execution-mode=Async"), SlurmSite(slurm, tmp_path))
+    runtime = port.runtime(definition, "--job-execution-mode=Async", SlurmSite(slurm, tmp_path))
     for name in runtime.instance_names:
         runtime.start(name, 0, 0)  # the allocation is asked for
-    runtime.retry_waiting()  # ... and runs: the round's step
+    port.turn(runtime)  # ... and runs: the round's step
     [round_step] = slurm.steps
     assert round_step["tasks"] == 3 and not round_step.get("overlap") and not round_step.get("nodelist")
     for name, node in zip(runtime.instance_names, NODES):
@@ -191,6 +188,7 @@ def async_job(tmp_path):
 def test_restarting_one_instance_starts_it_alone_on_its_node_beside_the_rounds_step(async_job):
     runtime, slurm, port = async_job
     assert Capability.RESTART_INSTANCE in runtime.capabilities
+    port.take(runtime.drain())
     port.commands.clear()
     runtime.stop(["worker-1"])
     runtime.start("worker-1", 0, 1)
@@ -204,13 +202,14 @@ def test_restarting_one_instance_starts_it_alone_on_its_node_beside_the_rounds_s
     assert "RANK" not in env and "WORLD_SIZE" not in env  # task.py's, from as_task
     assert lone["plan"]["master_port"] == master_port("lone", 0)
     # Announced alone, with the token of its own incarnation.
+    port.take(runtime.drain())
     stop, expect = port.commands
     assert stop.instances == ("worker-1",) and stop.node == "n2"
     assert isinstance(expect, ExpectTasks) and [i[:3] for i in expect.incarnations] == [("worker-1", 0, 1)]
     assert expect.incarnations[0][3] == token_digest(env["TRAINWARDEN_TOKEN"])
     # The round's step runs on for the others, however long the lone restart takes.
     port.now += 3600
-    runtime.retry_waiting()
+    port.turn(runtime)
     assert not slurm.steps[0]["proc"].killed and len(slurm.steps) == 2
 
 
@@ -223,7 +222,7 @@ def test_a_lone_restart_avoids_an_isolated_node_and_a_stopped_lone_step_is_ended
     assert lone["nodelist"] == ["n1"] and lone["plan"]["instances"][0]["as_task"]["SLURM_PROCID"] == "1"
     runtime.stop(["worker-1"])
     port.now += 3600
-    runtime.retry_waiting()
+    port.turn(runtime)
     assert lone["proc"].killed and not slurm.steps[0]["proc"].killed
 
 
@@ -232,11 +231,11 @@ def test_a_round_still_waits_for_all_its_instances_and_runs_them_in_one_step(asy
     runtime.stop(runtime.instance_names)
     for name in runtime.instance_names[:2]:
         runtime.start(name, 1, 0)
-        runtime.retry_waiting()
+        port.turn(runtime)
     assert len(slurm.steps) == 1  # no lone steps: the round is being asked for
     runtime.start("worker-2", 1, 0)
     assert [s["tasks"] for s in slurm.steps] == [3, 3]
     assert "as_task" not in json.dumps(slurm.steps[-1]["plan"])
     port.now += 3600
-    runtime.retry_waiting()
+    port.turn(runtime)
     assert slurm.steps[0]["proc"].killed and not slurm.steps[1]["proc"].killed

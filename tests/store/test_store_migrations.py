@@ -134,23 +134,44 @@ def test_version_4_adds_node_events_by_node_and_the_indexes_the_dashboards_filte
     assert {types[c] for c in ("node_name", "instance_name", "error_signature")} == {"LowCardinality(String)"}
 
 
-def test_version_4_keeps_the_records_of_a_version_3_store(store_dir, tmp_path):
-    directory = tmp_path / "v3"
+def _at_version(sql, tmp_path, version: int, tables: tuple[str, ...] = ("fault_records",)) -> None:
+    """The store as a Trainwarden of that schema version left it (``tables`` made again)."""
+    directory = tmp_path / f"v{version}"
     directory.mkdir()
-    for migration in migrate.MIGRATIONS_DIR.glob("000[123]_*.sql"):
-        (directory / migration.name).write_text(migration.read_text())
+    for migration in migrate.MIGRATIONS_DIR.glob("*.sql"):
+        if int(migration.name[:4]) <= version:
+            (directory / migration.name).write_text(migration.read_text())
+    for table in tables:
+        sql.execute(f"DROP TABLE {table}")
+    sql.execute("TRUNCATE TABLE schema_migrations")
+    assert migrate.apply(sql, migrate.load(directory)) == list(range(1, version + 1))
+
+
+def _insert_old_faults(sql, records, *later_columns: str) -> None:
+    """Fault records as a store without the later versions' columns held them."""
+    rows = [json.loads(line) for line in clickhouse_rows(FAULTS, records).splitlines()]
+    for row in rows:
+        for column in later_columns:
+            row.pop(column)
+    sql.insert("INSERT INTO fault_records FORMAT JSONEachRow", b"".join(json.dumps(r).encode() + b"\n" for r in rows))
+
+
+def test_version_4_keeps_the_records_of_a_version_3_store(store_dir, tmp_path):
     with EmbeddedStore(store_dir)._using() as sql:
-        sql.execute("DROP TABLE fault_records")
-        sql.execute("DROP TABLE node_events")
-        sql.execute("TRUNCATE TABLE schema_migrations")
-        assert migrate.apply(sql, migrate.load(directory)) == [1, 2, 3]
-        # The rows a version-3 store held: no columns of later versions.
-        rows = [json.loads(line) for line in clickhouse_rows(
-            FAULTS, [fault("r1", node_name="node-a"), fault("r2", node_name="node-b")]).splitlines()]
-        for row in rows:
-            row.pop("verdict"), row.pop("consequences")
-        sql.insert("INSERT INTO fault_records FORMAT JSONEachRow",
-                   b"".join(json.dumps(row).encode() + b"\n" for row in rows))
+        _at_version(sql, tmp_path, 3, ("fault_records", "node_events"))
+        _insert_old_faults(sql, [fault("r1", node_name="node-a"), fault("r2", node_name="node-b")],
+                           "verdict", "consequences", "evidence")
         assert migrate.apply(sql)[0] == 4  # and any later ones
         assert [(r["record_id"], r["node_name"]) for r in queries.faults(sql)] == [("r1", "node-a"),
                                                                                   ("r2", "node-b")]
+
+
+def test_version_7_keeps_the_fault_records_of_a_version_6_store_and_reads_their_evidence_as_empty(store_dir,
+                                                                                                   tmp_path):
+    with EmbeddedStore(store_dir)._using() as sql:
+        _at_version(sql, tmp_path, 6)
+        _insert_old_faults(sql, [fault("r1", verdict="retryable")], "evidence")
+        assert migrate.apply(sql)[0] == 7
+        queries.insert_records(sql, [fault("r2", time=fault().time + 1, evidence="phase: training (lines)")])
+        assert [(r["record_id"], r["verdict"], r["evidence"]) for r in queries.faults(sql)] == [
+            ("r1", "retryable", ""), ("r2", "", "phase: training (lines)")]

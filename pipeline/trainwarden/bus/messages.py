@@ -106,15 +106,16 @@ class StopInstances(msgspec.Struct, frozen=True, tag="stop_instances"):
 
 
 class ExpectTasks(msgspec.Struct, frozen=True, tag="expect_tasks"):
-    """The incarnations the actuator is about to start as Slurm tasks, for
-    every agent (node "*"): the one whose node Slurm picks adopts a task only
-    when its token hashes to one announced here."""
+    """The incarnations the actuator is about to start through a scheduler
+    (a runtime that places its tasks itself), for every agent (node "*"):
+    the one whose node the scheduler picks adopts a task only when its token
+    hashes to one announced here."""
 
     node: str  # "*": every agent
     job_id: str
-    slurm_job: int
     # (instance, round, start, sha256 of the incarnation's SDK token)
     incarnations: tuple[tuple[str, int, int, str], ...]
+    allocation: int = 0  # the scheduler's job the tasks run in (for the logs; read by no agent)
 
 
 class StackDumps(msgspec.Struct, frozen=True, tag="stack_dumps"):

@@ -12,6 +12,7 @@ from typing import Optional
 from trainwarden.attribution import Failure, Judged, Judgement, judge
 from trainwarden.cli.output import out_console, print_json
 from trainwarden.rules.loader import load_rules
+from trainwarden.simulation.outlook import ARGS, outlook
 from trainwarden.yamlsrc import ConfigError
 
 MAX_LOG_BYTES = 64 * 1024 * 1024
@@ -155,11 +156,36 @@ def _print(judgement: Judgement, explain: bool) -> None:
                                   f"{c.category}{line}", markup=False)
 
 
+def _operational(pack, judgement: Judgement, keywords: tuple[str, ...]) -> tuple[str, list]:
+    root = judgement.root
+    return outlook(pack, root.exit_code, root.lines, keywords)
+
+
+def _print_operational(phase: str, outcomes: list) -> None:
+    out_console.print(f"operational evidence a running job adds (engine/operational.py; --args \"{ARGS}\"):",
+                      markup=False)
+    out_console.print(f"  phase the lines show: {phase}", markup=False)
+    for outcome in outcomes:
+        out_console.print(f"  {outcome.words}: {outcome.summary()}", markup=False)
+    weighed = next((d.evidence for o in reversed(outcomes) for d in o.decisions if d.evidence), "")
+    if weighed:
+        out_console.print(f"  e.g. {weighed}", markup=False)
+
+
 def cmd_classify(args: argparse.Namespace) -> int:
     pack = load_rules(args.rules)
-    judgement = judge(pack, failures_from(args.files, args.exit_code), args.keyword)
+    keywords = tuple(args.keyword)
+    judgement = judge(pack, failures_from(args.files, args.exit_code), keywords)
     if args.json:
-        print_json(as_json(judgement, args.explain))
+        result = as_json(judgement, args.explain)
+        if args.explain:
+            phase, outcomes = _operational(pack, judgement, keywords)
+            result["operational"] = {"phase": phase, "situations": {
+                o.situation: [{"action": d.kind.value, "reason": d.reason.value, "rule": d.rule,
+                               "evidence": d.evidence} for d in o.decisions] for o in outcomes}}
+        print_json(result)
     else:
         _print(judgement, args.explain)
+        if args.explain:
+            _print_operational(*_operational(pack, judgement, keywords))
     return 0

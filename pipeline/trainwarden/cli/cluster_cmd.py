@@ -27,6 +27,7 @@ from trainwarden.cli.stores import store_target
 from trainwarden.clock import now as clock_now
 from trainwarden.events import DecisionKind
 from trainwarden.jobspec import from_command, load_job_file, parse_preload
+from trainwarden.runtime import registry
 from trainwarden.rules.loader import load_rules
 from trainwarden.services.logs import FORMATS as LOG_FORMATS
 from trainwarden.services.observability import (
@@ -57,7 +58,7 @@ def add_commands(sub) -> None:
     agent = sub.add_parser("agent", help="run the node agent: starts instances placed on this node", **examples(
         "trainwarden agent --node gpu-7 --slots 8 --bootstrap kafka:9092",
         "TRAINWARDEN_NODE=gpu-7 trainwarden agent --metrics-address 0.0.0.0:9464 --log-format json",
-        "trainwarden agent --node n1 --slurm-dir /shared/tw        # on a Slurm node"))
+        *registry.examples(registry.AGENT)))
     _option(agent, "--node", default=socket.gethostname(), help="this node's name (default: the host name)")
     _option(agent, "--slots", type=int, default=8, help="instances this node can run at once (default 8)")
     _option(agent, "--log-dir", help="where instance output files go, for Vector (default: agent-NODE/logs next "
@@ -68,9 +69,7 @@ def add_commands(sub) -> None:
                                         "diagnostic channel; a connection from an instance's process is refused)")
     _option(agent, "--c4d-log", help="C4D's log file on this node, if the instances' user cannot write it "
                                      "(else refused: use --c4d-socket)")
-    _option(agent, "--slurm-dir", help="on a Slurm node: the directory shared with the actuator's --slurm-dir; "
-                                       "the agent follows the Slurm tasks on its node (--node must be the Slurm "
-                                       "node name)")
+    _runtime_options(agent, registry.AGENT)
     _switch(agent, "--no-ship-logs", help="write output files only, for Vector to ship (lines would otherwise "
                                           "arrive twice)")
     _option(agent, "--run-as", metavar="USER",
@@ -91,15 +90,13 @@ def add_commands(sub) -> None:
     actuator = sub.add_parser("actuator", help="run the actuator: places instances, executes decisions",
                               **examples("trainwarden actuator --store /var/lib/trainwarden/history",
                                           "trainwarden actuator --store http://trainwarden@clickhouse:8123/trainwarden",
-                                          "trainwarden actuator --slurm-dir /shared/tw --node-timeout 30"))
+                                          *registry.examples(registry.ACTUATOR)))
     _option(actuator, "--store", help="history store: a directory (chDB) or http(s)://user@host:port/db (default: "
                                       "the per-user state directory)")
-    _option(actuator, "--slurm-dir", help="run jobs submitted with --runtime slurm through Slurm; plans, task "
-                                          "manifests and output files go here (a directory every Slurm node sees)")
-    _option(actuator, "--slurm-conf", env="SLURM_CONF", help="the slurm.conf to use (as for any Slurm client)")
+    _runtime_options(actuator, registry.ACTUATOR)
     _option(actuator, "--run-as", metavar="USER",
-            help="with --slurm-dir: submit the Slurm jobs as this user (a name or UID[:GID]; sbatch/srun --uid, "
-                 "the actuator runs as root), so their tasks cannot read the services' keys")
+            help=f"with {' or '.join(registry.run_as_flags())}: submit the jobs of that runtime as this user (a name or "
+                 "UID[:GID]; the actuator runs as root), so their tasks cannot read the services' keys")
     _option(actuator, "--node-timeout", type=float, default=10.0,
             help="seconds without a heartbeat before a node is lost (default 10)")
     _service_options(actuator)
@@ -132,7 +129,7 @@ def add_commands(sub) -> None:
                                         "python train.py",
                                         "trainwarden submit job.yaml --follow --json | jq -c 'select(.event == "
                                         "\"decision\")'",
-                                        "trainwarden submit job.yaml --runtime slurm --follow", args_flags=True))
+                                        *registry.examples("submit"), args_flags=True))
     submit.add_argument("job_file", nargs="?", help="a job YAML file (or give the command after --)")
     # Not TRAINWARDEN_JOB_ID: every instance has that one, and a job that submits a job would reuse its own id.
     _option(submit, "--job-id", env="TRAINWARDEN_SUBMIT_JOB_ID",
@@ -141,8 +138,10 @@ def add_commands(sub) -> None:
     _option(submit, "--args", help='the arguments string, e.g. "--enable-job-restart=True" (its flags are listed below)')
     _option(submit, "--framework", default="pytorch", help="pytorch, mpi, tensorflow or elasticbatch (default "
                                                            "pytorch)")
-    _option(submit, "--runtime", default="agents", type=_choice("agents", "slurm"),
-            help="where the cluster runs it: agents (Trainwarden's, the default) or slurm")
+    kinds = registry.submitted()
+    _option(submit, "--runtime", default=registry.FALLBACK.name, type=_choice(*(k.name for k in kinds)),
+            help=f"where the cluster runs it: {', '.join(k.name for k in kinds)} (default "
+                 f"{registry.FALLBACK.name}; trainwarden runtimes says what each is)")
     _option(submit, "--preload", metavar="MODULES",
             help="modules the agents' standby interpreters import for the job, e.g. torch,numpy: a restart takes "
                  "a warm interpreter instead of a fresh one (adds to the job file's preload:)")
@@ -388,8 +387,7 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
         service = Agent(bus, args.node, args.slots, log_dir, address=args.address, ship_logs=not args.no_ship_logs,
                         c4d_log=Path(args.c4d_log) if args.c4d_log else None,
                         c4d_socket=Path(args.c4d_socket) if args.c4d_socket else None,
-                        slurm_dir=Path(args.slurm_dir) if args.slurm_dir else None, run_as=run_as,
-                        log_limits=log_limits)
+                        run_as=run_as, log_limits=log_limits, **registry.agent_setup(vars(args)))
         observer.watch(lambda: service.counters, [
             ("agent_instances_running", "Instances this agent runs now.", lambda: len(service.running)),
             ("agent_slots", "Instances this node can run at once.", lambda: service.slots),
@@ -414,27 +412,31 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
         from trainwarden.services.actuator_service import ActuatorService
 
         store = store_target(args)
-        slurm = None
         run_as = _run_as(args.run_as)
         if isinstance(run_as, int):
             return run_as
-        if run_as and not args.slurm_dir:
-            return fail("--run-as applies to the Slurm jobs this actuator submits, and it has none",
-                        hint="give --slurm-dir too, or --run-as to each agent instead")
-        if args.slurm_dir:
-            from trainwarden.runtime.slurm.cli import SlurmCli
-            from trainwarden.runtime.slurm.runtime import SlurmSite
-
-            slurm = SlurmSite(SlurmCli(args.slurm_conf, run_as=run_as), Path(args.slurm_dir))
-        service = ActuatorService(bus, open_writer(store), node_timeout_s=args.node_timeout, slurm=slurm,
+        sites = registry.sites(vars(args), run_as)
+        if run_as and not any(k.runs_as and k.name in sites for k in registry.submitted()):
+            return fail("--run-as applies to the jobs this actuator submits to a runtime's engine, and it has none",
+                        hint=f"give {' or '.join(registry.run_as_flags())} too, or --run-as to each agent instead")
+        service = ActuatorService(bus, open_writer(store), node_timeout_s=args.node_timeout, sites=sites,
                                   say=lambda text, job_id="": run.say("info", text, job_id))
         observer.watch(lambda: service.counters, [
             ("actuator_jobs", "Jobs this actuator supervises.", lambda: len(service.jobs)),
             ("actuator_nodes", "Nodes this actuator has heard of.", lambda: len(service.cluster.nodes))])
         observer.readiness_check(lambda: store_writable(store))
-        label = f"actuator (history in {store}" + (f", Slurm jobs in {args.slurm_dir}" if slurm else "") + (
+        label = f"actuator (history in {store}" + "".join(
+            f", {site.describe()}" for site in sites.values() if site.describe()) + (
             f", run as {run_as.describe()})" if run_as else ")")
     return run.run(service, label, reload)
+
+
+def _runtime_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """The options the registry's runtimes add to this command (runtime/registry.py)."""
+    for kind in registry.runtimes():
+        for option in kind.options:
+            if option.command == command:
+                _option(parser, option.flag, env=option.env, help=option.help, metavar=option.metavar or None)
 
 
 def _run_as(text: str | None):

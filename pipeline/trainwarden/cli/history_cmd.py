@@ -10,8 +10,8 @@ from trainwarden.cli.tables import Col, time_col
 from trainwarden.store import analytics
 from trainwarden.store.records import FAULT_FIELDS
 
-WIDE_FIELDS = ("reason", "rule", "classifier", "category", "verdict", "consequences", "error_signature",
-               "record_id")
+WIDE_FIELDS = ("reason", "rule", "classifier", "category", "verdict", "consequences", "evidence",
+               "error_signature", "record_id")
 
 
 def cmd_history(args: argparse.Namespace) -> int:

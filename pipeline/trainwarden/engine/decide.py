@@ -29,7 +29,7 @@ def make_decision(state: JobState, kind: DecisionKind, reason: Reason, rule: str
                   inst: Optional[InstanceState] = None, error_code: int = 0, message: str = "",
                   signature: str = "", category: str = "", classifier: str = "",
                   detected_at: Optional[float] = None, node: str = "", verdict: str = "",
-                  consequences: tuple[str, ...] = ()) -> Decision:
+                  consequences: tuple[str, ...] = (), evidence: str = "") -> Decision:
     starts: tuple = ()
     if kind is DecisionKind.RESTART_JOB:
         starts = tuple((i.name, i.start + 1) for i in state.instances.values())
@@ -56,6 +56,7 @@ def make_decision(state: JobState, kind: DecisionKind, reason: Reason, rule: str
         starts=starts,
         verdict=verdict,
         consequences=consequences,
+        evidence=evidence,
     )
 
 

@@ -13,6 +13,7 @@ import signal
 
 from trainwarden.attribution import Failure, Judgement, judge
 from trainwarden.classify import Verdict
+from trainwarden.engine import operational
 from trainwarden.engine.decide import guarded, make_decision
 from trainwarden.engine.state import NON_FINISHING_ROLES, InstanceState, InstanceStatus, JobState, PendingFailures
 from trainwarden.events import Decision, DecisionKind, ErrorSource, InstanceExited, Reason
@@ -93,7 +94,7 @@ def on_failure(state: JobState, inst: InstanceState, event: InstanceExited, now:
     if not (_attributes(state) or (_sync(state) and state.pending_failures is not None)):
         judgement = judge(state.pack, [failure], _keywords(state))
         if not _awaits_notice(state, judgement):
-            return [respond_judgement(state, judgement, now)]
+            return respond_judgement(state, judgement, now)
     inst.status = InstanceStatus.FAILED
     pending = state.pending_failures
     if pending is None:
@@ -121,9 +122,9 @@ def settle_pending(state: JobState, now: float) -> list[Decision]:
         state.pending_failures = None
         decisions = []
         for failure in pending.failures:
-            decision = respond_judgement(state, judge(state.pack, [failure], _keywords(state)), now)
-            decisions.append(decision)
-            if decision.kind is not DecisionKind.RESTART_INSTANCE:
+            decided = respond_judgement(state, judge(state.pack, [failure], _keywords(state)), now)
+            decisions.extend(decided)
+            if decided[-1].kind is not DecisionKind.RESTART_INSTANCE:
                 break  # a job restart or failure covers every other instance
         return decisions
     judgement = judge(state.pack, pending.failures, _keywords(state))
@@ -135,10 +136,10 @@ def settle_pending(state: JobState, now: float) -> list[Decision]:
     if not (decided or not running or now >= pending.deadline):
         return []
     state.pending_failures = None
-    return [respond_judgement(state, judgement, now)]
+    return respond_judgement(state, judgement, now)
 
 
-def respond_judgement(state: JobState, judgement: Judgement, now: float) -> Decision:
+def respond_judgement(state: JobState, judgement: Judgement, now: float) -> list[Decision]:
     root = judgement.root
     inst = state.instances[root.instance]
     failure_time = min((j.time for j in (root, *judgement.consequences)), default=root.time)
@@ -148,22 +149,25 @@ def respond_judgement(state: JobState, judgement: Judgement, now: float) -> Deci
         message = f"rank {root.rank}: {message}"
     consequences = tuple(f"{j.label}: {j.verdict.category}" for j in judgement.consequences[:MAX_CONSEQUENCES])
     return respond(state, inst, verdict, now, source=ErrorSource.INSTANCE_EXIT, error_code=root.exit_code,
-                   message=message, detected_at=failure_time, consequences=consequences)
+                   message=message, detected_at=failure_time, consequences=consequences, lines=root.lines)
 
 
 def on_node_lost(state: JobState, inst: InstanceState, node: str, now: float, detected_at: float) -> Decision:
     """An instance whose node stopped answering: a retryable failure of it."""
     verdict = Verdict(verdict=Retryability.RETRYABLE, category="node_lost", rule="node_lost", matched_line="",
                       signature=f"node_lost:{node}", message="", kind="own")
-    return respond(state, inst, verdict, now, source=ErrorSource.NODE_LOST, error_code=0,
+    [decision] = respond(state, inst, verdict, now, source=ErrorSource.NODE_LOST, error_code=0,
                    message=f"node {node} was lost (no heartbeat); its instance {inst.name} is gone",
                    detected_at=detected_at)
+    return decision
 
 
 def respond(state: JobState, inst: InstanceState, verdict: Verdict, now: float, *, source: ErrorSource,
             error_code: int, message: str, detected_at: float,
-            consequences: tuple[str, ...] = ()) -> Decision:
-    """The decision for a failed instance: the first matching response, then the limits."""
+            consequences: tuple[str, ...] = (), lines: tuple[str, ...] = ()) -> list[Decision]:
+    """The decisions for a failed instance: the first matching response,
+    weighed with what the job did (engine/operational.py), then the limits;
+    the node's isolation first when the failure is the node's."""
     inst.status = InstanceStatus.FAILED
     inst.ever_failed = True
     signature = f"{canonical_exit_code(error_code)}:{verdict.signature}"
@@ -181,15 +185,18 @@ def respond(state: JobState, inst: InstanceState, verdict: Verdict, now: float, 
         intent = DecisionKind.RESTART_JOB
     if source is ErrorSource.NODE_LOST and reason in (Reason.RETRYABLE_FAILURE, Reason.INSTANCE_FAILED):
         reason = Reason.NODE_LOST
-    kind, reason, rule = guarded(state, intent, reason, rule, inst, now, source, signature)
-    return make_decision(
-        state, kind, reason, rule, now,
-        fault_key=(source.value, state.round, inst.name, inst.start),
-        source=source, inst=inst, error_code=error_code,
-        message=message, signature=signature, category=verdict.category,
-        classifier=verdict.rule, detected_at=detected_at,
-        verdict=verdict.verdict.value, consequences=consequences,
-    )
+    weighed = operational.weigh(state, inst, verdict, signature, intent, reason, rule, source, now, lines)
+    kind, reason, rule = guarded(state, weighed.intent, weighed.reason, weighed.rule, inst, now, source, signature)
+    fault_key = (source.value, state.round, inst.name, inst.start)
+    details = dict(source=source, inst=inst, error_code=error_code, message=message, signature=signature,
+                   category=verdict.category, classifier=verdict.rule, detected_at=detected_at,
+                   verdict=verdict.verdict.value, consequences=consequences, evidence=weighed.evidence)
+    decision = make_decision(state, kind, reason, rule, now, fault_key=fault_key, **details)
+    if not weighed.isolate_node or kind is DecisionKind.FAIL_JOB:
+        return [decision]
+    isolation = make_decision(state, DecisionKind.ISOLATE_NODE, Reason.NODE_FAULT, weighed.rule, now,
+                              fault_key=("node_fault", *fault_key), **details)
+    return [isolation, decision]
 
 
 def _effective_retryable(state: JobState, inst: InstanceState, verdict: Verdict,

@@ -1,13 +1,13 @@
 """The scheduler took the job's capacity back: a preemption, not a fault.
 
-A runtime that holds the job's capacity through a scheduler (Slurm) says so
+A runtime that holds the job's capacity through a scheduler says so
 with a ``Preempted`` event when the scheduler requeues or preempts it while
 its nodes are up. The round ends without counting toward any limit: the job
 restarts (reason ``preempted``, source ``preemption``) and the runtime starts
 the new round when the scheduler gives the capacity back. A spot job goes
 back to its bidding queue instead; with fault tolerance off the job fails.
 
-The instances' own exits often come first (Slurm sends SIGTERM as it
+The instances' own exits often come first (a scheduler sends SIGTERM as it
 preempts): ``failures.py`` holds deaths by an outside SIGTERM for
 ``platform_notice_window_s`` so that the notice, not the exits, decides.
 """

@@ -43,6 +43,21 @@ class JobStatus(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
+@dataclasses.dataclass(frozen=True)
+class FailureMemory:
+    """The latest failure (engine/operational.py): its error, node and step,
+    how many times in a row it came without progress between (1: the
+    first), how many times in a row on this node, and the nodes it came
+    on in that row."""
+
+    signature: str
+    node: str
+    step: int
+    repeats: int
+    node_repeats: int
+    nodes: tuple[str, ...]
+
+
 @dataclasses.dataclass(slots=True)
 class InstanceState:
     spec: InstanceSpec
@@ -70,6 +85,8 @@ class InstanceState:
     best_step: int = -1
     best_at_start: int = -1
     no_progress_restarts: int = 0
+    # engine/operational.py: this instance's latest failure (Async jobs).
+    last_failure: Optional[FailureMemory] = None
 
     @property
     def name(self) -> str:
@@ -147,6 +164,10 @@ class JobState:
     best_step: int = -1
     round_best_at_start: int = -1
     no_progress_restarts: int = 0
+    # engine/operational.py: the job's latest failure (Sync jobs), and the
+    # error signatures it has shown (bounded).
+    last_failure: Optional[FailureMemory] = None
+    signatures_seen: set = dataclasses.field(default_factory=set)
     # engine/messages.py: custom messages kept in the window that ends at
     # messages_window_end, and those dropped (not told yet; in all).
     messages_window_end: float = 0.0

@@ -24,6 +24,7 @@ from trainwarden.rules.model import (
     DetectorKind,
     Limit,
     LimitKind,
+    OperationalSettings,
     Origin,
     Response,
     ResponseMatch,
@@ -31,6 +32,7 @@ from trainwarden.rules.model import (
     RulePack,
 )
 from trainwarden.evidence.facts import FACT_NAMES
+from trainwarden.rules.decisions_file import decisions_setting
 from trainwarden.rules.lexical_file import lexical_setting
 from trainwarden.rules.patterns import PatternError, PatternIndex, compile_pattern
 from trainwarden.evidence.traceback import Origin as FrameOrigin
@@ -234,6 +236,11 @@ class _PackBuilder:
         if lexical is not None:
             self.settings["lexical"] = lexical_setting(Fields(lexical, fields.path, "settings.lexical",
                                                               fields.line("lexical")))
+        decisions = fields.get("decisions", dict, None)
+        if decisions is not None:
+            self.settings["decisions"] = decisions_setting(
+                Fields(decisions, fields.path, "settings.decisions", fields.line("decisions")),
+                self.settings.get("decisions", OperationalSettings()))
         fields.done()
 
     def build(self) -> RulePack:
@@ -263,6 +270,7 @@ class _PackBuilder:
             lexical=self.settings.get("lexical"),
             custom_messages_per_window=self.settings.get("custom_messages_per_window", 30),
             custom_messages_window_s=self.settings.get("custom_messages_window_s", 60.0),
+            decisions=self.settings.get("decisions", OperationalSettings()),
         )
 
 

@@ -168,6 +168,34 @@ class DiagnosisRule:
 
 
 @dataclasses.dataclass(frozen=True)
+class OperationalSettings:
+    """``settings.decisions`` of the rule pack: how what the job did before
+    it failed weighs beside its lines (engine/operational.py).
+
+    - ``repeat_restarts``: restarts of the same failure while the job gets
+      no further (before any progress in its round, or again at the step it
+      failed at); the next such failure fails the job. -1: off.
+    - ``second_chance``: a job that made progress and then fails with a
+      not-retryable error it never showed before, on weak evidence, gets one
+      restart from its checkpoint.
+    - ``sure_categories``: the not-retryable categories whose evidence is
+      strong (the error follows from the job's own code, data or memory
+      wherever and whenever it runs); every other not-retryable verdict is
+      weak.
+    - ``node_repeats``: the same retryable error on the same node this many
+      times in a row isolates the node (-1: off), for a verdict of one of
+      ``node_categories`` (failures a machine causes)."""
+
+    repeat_restarts: int = 1
+    second_chance: bool = True
+    sure_categories: tuple[str, ...] = ("cuda_oom", "user_shape_error", "user_missing_module", "numerical",
+                                        "storage_full")
+    node_repeats: int = 2
+    node_categories: tuple[str, ...] = ("gpu_hardware", "host_oom", "connection_lost", "collective_error",
+                                        "infra_transient")
+
+
+@dataclasses.dataclass(frozen=True)
 class RulePack:
     classifiers: tuple[Classifier, ...]
     fallback_verdict: Retryability
@@ -197,6 +225,8 @@ class RulePack:
     # (engine/messages.py).
     custom_messages_per_window: int = 30
     custom_messages_window_s: float = 60.0
+    # What the job did before it failed (engine/operational.py).
+    decisions: OperationalSettings = OperationalSettings()
     # What the words of a tail say, learned from real failures
     # (evidence/lexical.py); weighed where the catalogue has only weak
     # evidence. None: the catalogue alone.

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from trainwarden import failpoint
 from trainwarden.actuator import started_incarnations
@@ -52,12 +52,11 @@ from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
 from trainwarden.clock import now as clock_now
 from trainwarden.engine import JobStatus
 from trainwarden.events import Decision, DecisionKind, InstanceSpec, JobSpec, NodeLost, Preempted, Reason
-from trainwarden.runtime.agents import AgentsRuntime, ClusterJob, UnplacedRuntime
+from trainwarden.runtime import registry
+from trainwarden.runtime.agents import UnplacedRuntime
+from trainwarden.runtime.base import (AgentCommand, CapacityTaken, DumpsExpected, EngineError, JobEvent, JobToRun,
+                                      NodeDown, NodeIsolated, RuntimeEvent, RuntimeSite, WaitingForCapacity)
 from trainwarden.runtime.nodes import Cluster, NodeStatus
-from trainwarden.runtime.slurm.cli import SlurmError
-from trainwarden.runtime.slurm.parse import NodeState as SlurmNodeState
-from trainwarden.runtime.slurm.runtime import REASON_PREFIX as SLURM_REASON
-from trainwarden.runtime.slurm.runtime import SlurmRuntime, SlurmSite
 from trainwarden.settings import SettingsError, parse_args_string
 from trainwarden.store.base import StoreError
 from trainwarden.store.records import DeadLetter, NodeEventRecord
@@ -89,17 +88,20 @@ class ActuatorCounters:
     preemptions: int = 0
     dead_letters: int = 0
     history_errors: int = 0
-    slurm_errors: int = 0
+    runtime_errors: int = 0  # a runtime's engine failed a call (runtime/base.EngineError): tried again
     refused_starts: int = 0  # starts whose arguments string does not parse: failed as invalid_job, nothing run
     finished: int = 0  # actions a previous actuator (or a bus error) left between intent and done
 
 
 class ActuatorService:
     def __init__(self, bus: Bus, history, node_timeout_s: float = NODE_TIMEOUT_S,
-                 clock: Callable[[], float] = clock_now, group: str = GROUP, slurm: Optional[SlurmSite] = None,
+                 clock: Callable[[], float] = clock_now, group: str = GROUP,
+                 sites: Optional[Mapping[str, RuntimeSite]] = None,
                  say: Callable[[str, str], None] = lambda text, job_id: None):
+        """sites: the runtimes this actuator reaches besides the agents, by
+        kind (runtime/registry.sites builds them from its options)."""
         self.history = history
-        self.slurm = slurm
+        self.sites = {**registry.sites({}), **(sites or {})}
         self.say = say
         self.clock = clock
         self.counters = ActuatorCounters()
@@ -177,8 +179,8 @@ class ActuatorService:
                 # A loss is an observation, not an operator's or a rule's word on
                 # isolation: an isolated node that is lost comes back isolated.
                 self.cluster.set_isolated(message.node, message.state == NodeStatus.ISOLATED.value, message.reason)
-                if live and self.slurm is not None:
-                    self._slurm_node(message)
+                if live:
+                    self._node_state_in_engines(message)
             self._record_node_event(message)
 
     def _remember(self, job_id: str, action_id: str, kind: str, started: Sequence[tuple[str, int, int]]) -> None:
@@ -196,24 +198,15 @@ class ActuatorService:
 
     def _restore(self, supervisor: Supervisor) -> None:
         job_id = supervisor.facts.job_id
-        if isinstance(supervisor.runtime, ClusterJob):
-            supervisor.runtime.restore(self.incarnations.get(job_id, {}))
+        supervisor.runtime.restore(self.incarnations.get(job_id, {}))
         supervisor.count_restarts(self.restart_ids.get(job_id, ()))
 
-    def _slurm_node(self, message: NodeState) -> None:
-        """An isolation or uncordon (a rule's or an operator's) of a Slurm node is done in Slurm too."""
-        cli = self.slurm.cli
-        try:
-            node = cli.node(message.node)
-            if node is None:
-                return  # not a Slurm node
-            drained = node.drain or node.state in (SlurmNodeState.DRAINED, SlurmNodeState.DRAINING)
-            if message.state == NodeStatus.ISOLATED.value and not drained:
-                cli.drain(message.node, f"{SLURM_REASON}: {message.reason or 'isolated'}")
-            elif message.state == NodeStatus.READY.value and drained and node.reason.startswith(SLURM_REASON):
-                cli.resume(message.node)  # only what Trainwarden drained
-        except SlurmError as exc:
-            self.slurm_error("", str(exc))
+    def _node_state_in_engines(self, message: NodeState) -> None:
+        """An isolation or uncordon (a rule's or an operator's) is done in
+        every runtime's engine that has nodes of its own too."""
+        for site in self.sites.values():
+            self._apply("", site.node_state(message.node, message.state == NodeStatus.ISOLATED.value,
+                                            message.reason))
 
     def _job(self, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec], args: str,
              submitted_at: float) -> Supervisor:
@@ -223,13 +216,11 @@ class ActuatorService:
         refused, ``_refuse_start``)."""
         if job_id not in self.jobs:
             settings = parse_args_string(args)
-            if spec.runtime == "slurm" and self.slurm is not None:
-                runtime = SlurmRuntime(self, job_id, spec, instances, settings, self.slurm)
-            else:
-                if spec.runtime == "slurm":
-                    self.say("the job asks for Slurm, but this actuator has none (--slurm-dir); "
-                             "it runs on the agents", job_id)
-                runtime = AgentsRuntime(self, job_id, spec, instances, settings)
+            site = self.sites.get(spec.runtime)
+            if site is None:
+                self.say(_unreached(spec.runtime), job_id)
+                site = self.sites[registry.FALLBACK.name]
+            runtime = site.runtime(JobToRun(job_id, spec, tuple(instances), settings), self.cluster, self.clock)
             facts = JobFacts(job_id=job_id, submitted_at=submitted_at, framework=spec.framework, args=args,
                              instances=len(instances), node_name="")
             self.jobs[job_id] = Supervisor(runtime, self.history, self.reports, facts, node="", clock=self.clock,
@@ -237,29 +228,44 @@ class ActuatorService:
             self._restore(self.jobs[job_id])
         return self.jobs[job_id]
 
-    # ------------------------------------------------- what runtimes ask (ClusterPort)
+    # ------------------------------------------------- what runtimes say
 
-    def expect_dumps(self, report_id: str, job_id: str, node: str) -> None:
-        self.reports.expect(report_id, job_id, node)
+    def _apply(self, job_id: str, events: Sequence[RuntimeEvent]) -> None:
+        """What a job's runtime said (runtime/base.py), carried out in its order."""
+        for event in events:
+            if isinstance(event, AgentCommand):
+                self.send_command(event.command)
+            elif isinstance(event, DumpsExpected):
+                self.reports.expect(event.report_id, job_id, event.node)
+            elif isinstance(event, NodeIsolated):
+                self.isolate(event.node, True, event.reason)
+            elif isinstance(event, WaitingForCapacity):
+                self.counters.waiting_for_capacity += 1
+            elif isinstance(event, NodeDown):
+                # The job's engine hears that a node holding these instances is gone.
+                self.counters.nodes_lost += 1
+                self.producer.send(EVENTS, job_id, encode(NodeLost(job_id=job_id, time=self.clock(), node=event.node,
+                                                                   instances=event.instances)))
+            elif isinstance(event, CapacityTaken):
+                # The scheduler took the round's capacity back: not a fault.
+                self.counters.preemptions += 1
+                self.producer.send(EVENTS, job_id, encode(Preempted(job_id=job_id, time=self.clock(),
+                                                                    round=event.round, reason=event.reason)))
+            elif isinstance(event, JobEvent):
+                self.producer.send(EVENTS, job_id, encode(event.event))
+            elif isinstance(event, EngineError):
+                self.counters.runtime_errors += 1
+                self.say(event.text, job_id)
+            else:
+                raise TypeError(f"a runtime said {event!r}, which is no runtime event (runtime/base.RuntimeEvent)")
 
-    def no_capacity(self) -> None:
-        self.counters.waiting_for_capacity += 1
-
-    def node_lost(self, job_id: str, node: str, instances: Sequence[str]) -> None:
-        """The job's engine hears that a node holding these instances is gone (Slurm says it is down)."""
-        self.counters.nodes_lost += 1
-        self.producer.send(EVENTS, job_id, encode(NodeLost(job_id=job_id, time=self.clock(), node=node,
-                                                           instances=tuple(instances))))
-
-    def preempted(self, job_id: str, round_: int, reason: str) -> None:
-        """The job's engine hears that the scheduler took the round's capacity back (not a fault)."""
-        self.counters.preemptions += 1
-        self.producer.send(EVENTS, job_id, encode(Preempted(job_id=job_id, time=self.clock(), round=round_,
-                                                            reason=reason)))
-
-    def slurm_error(self, job_id: str, text: str) -> None:
-        self.counters.slurm_errors += 1
-        self.say(text, job_id)
+    def _act(self, supervisor: Supervisor, decision: Decision, **how) -> None:
+        """One decision through its runtime; what the runtime said meanwhile
+        (its commands) is sent even when the action fails halfway."""
+        try:
+            supervisor.act(decision, **how)
+        finally:
+            self._apply(decision.job_id, supervisor.runtime.drain())
 
     # ------------------------------------------------------------ the loop
 
@@ -277,8 +283,8 @@ class ActuatorService:
             self._heartbeat(record)
         self._expire_nodes()
         self.reports.flush_due(self.clock())
-        for supervisor in list(self.jobs.values()):
-            supervisor.runtime.retry_waiting()
+        for job_id, supervisor in list(self.jobs.items()):
+            self._apply(job_id, supervisor.runtime.poll())
         letters = self.letters.poll(0.0, max_records=500)
         if letters:
             self._dead_letters(letters)
@@ -376,15 +382,16 @@ class ActuatorService:
                 # here, but the decision is still recorded (and isolation done).
                 facts = JobFacts(job_id=decision.job_id, submitted_at=decision.detected_at, framework="",
                                  args=decision.args, instances=0, node_name="")
-                Supervisor(UnplacedRuntime(self), self.history, self.reports, facts, node="", clock=self.clock,
-                           executed=self.executed).act(decision)
+                self._act(Supervisor(UnplacedRuntime(), self.history, self.reports, facts, node="", clock=self.clock,
+                                     executed=self.executed), decision)
             else:
                 # A hang's stack report already stored is not replaced by the
                 # dumps of instances its first stop ended.
-                supervisor.act(decision, dump_stacks=decision.action_id not in self.reported)
+                self._act(supervisor, decision, dump_stacks=decision.action_id not in self.reported)
                 if kind in FINAL:
                     supervisor.finish()
                     supervisor.runtime.finish()
+                    self._apply(decision.job_id, supervisor.runtime.drain())
         except (BusError, StoreError):
             # Some commands may have left: finished, not redone, once the bus
             # (or the history, written before the first command) is back.
@@ -412,7 +419,7 @@ class ActuatorService:
         self.say(f"refused to start the job: its arguments string does not parse: {problem}", decision.job_id)
         facts = JobFacts(job_id=decision.job_id, submitted_at=decision.detected_at, framework="", args=decision.args,
                          instances=len(decision.instances), node_name="")
-        refused = Supervisor(UnplacedRuntime(self), self.history, self.reports, facts, node="", clock=self.clock,
+        refused = Supervisor(UnplacedRuntime(), self.history, self.reports, facts, node="", clock=self.clock,
                              executed=self.executed)
         refused.write_job(JobStatus.FAILED, reason=Reason.INVALID_JOB.value)
         self._write([DeadLetter(time=self.clock(), source="actuator/decisions", job_id=decision.job_id,
@@ -550,6 +557,16 @@ class ActuatorService:
     def _dead_letter(self, record: Message, error: str) -> None:
         self.counters.dead_letters += 1
         self.producer.send(DEAD_LETTERS, "actuator", dead_letter(record, "actuator", error, self.clock()))
+
+
+def _unreached(name: str) -> str:
+    """What the actuator says of a job that names a runtime it does not reach."""
+    try:
+        needs = next(iter(registry.runtime_kind(name).flags(registry.ACTUATOR)), "its options")
+    except registry.UnknownRuntime:
+        return f"the job asks for runtime {name!r}, which there is not; it runs on the {registry.FALLBACK.name}"
+    return (f"the job asks for the {name} runtime, but this actuator has none ({needs}); "
+            f"it runs on the {registry.FALLBACK.name}")
 
 
 def node_states(records: list[Message]) -> dict[str, NodeState]:

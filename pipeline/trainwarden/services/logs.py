@@ -2,7 +2,7 @@
 own sentences and the library loggers under ``trainwarden.*`` alike.
 
     text: 2026-12-01T15:50:00.123Z INFO processor: running
-          2026-12-01T15:50:03.456Z WARNING actuator job=resnet-42: asks for Slurm ...
+          2026-12-01T15:50:03.456Z WARNING actuator job=resnet-42: the job asks for ...
     json: {"time": "...", "level": "info", "component": "processor", "job_id": "", "message": "running"}
 
 Job text (a job id, an error message quoted in a sentence) is data: in JSON

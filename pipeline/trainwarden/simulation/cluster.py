@@ -59,6 +59,8 @@ class VirtualCluster:
         # (round, start) of each instance's previous incarnation, to play stale events.
         self.previous: dict[str, tuple[int, int]] = {}
         self.current: dict[str, tuple[int, int]] = {}
+        # How many times each instance's node was isolated: it then runs on a fresh one.
+        self.moves: dict[str, int] = {}
         submitted = JobSubmitted(job_id=job_id, time=start_at, framework=framework, args=args, instances=instances,
                                  spot=spot)
         self.state, first = start_job(submitted, pack, start_at)
@@ -124,7 +126,8 @@ class VirtualCluster:
         return self.feed(Preempted(job_id=self.job_id, time=self.now, round=self.state.round, reason=reason))
 
     def _node_of(self, name: str) -> str:
-        return f"{self.node}-{name}"
+        moves = self.moves.get(name, 0)
+        return f"{self.node}-{name}" + (f"-{moves}" if moves else "")
 
     # ---------------------------------------------------------- actuation
 
@@ -148,4 +151,9 @@ class VirtualCluster:
                 self._start(self.state.instances.keys())
             elif decision.kind is DecisionKind.RESTART_INSTANCE:
                 self._start([decision.instance])
+            elif decision.kind is DecisionKind.ISOLATE_NODE:
+                # The runtime keeps new instances off the node: the ones there move to fresh nodes.
+                for name in self.state.instances:
+                    if self._node_of(name) == decision.node:
+                        self.moves[name] = self.moves.get(name, 0) + 1
 

@@ -118,7 +118,7 @@ LIMIT ${{limit}}
 SELECT * FROM (
     SELECT record_id, job_id, time, round, node_name, instance_name, error_code, error_message, error_source,
            action, result, duration_s, reason, rule, classifier, category, error_signature, updated_at,
-           verdict, consequences
+           verdict, consequences, evidence
     FROM {FAULTS_FINAL}
     WHERE {JOB} AND {NODE} AND {SOURCE} AND $__timeFilter_ms(time)
     ORDER BY time DESC, record_id DESC
@@ -128,7 +128,8 @@ ORDER BY time, record_id
 {SETTINGS}
 """, "record_id:str job_id:str time:time round:int node_name:str instance_name:str error_code:int "
      "error_message:str error_source:str action:str result:str duration_s:float reason:str rule:str "
-     "classifier:str category:str error_signature:str updated_at:time verdict:str consequences:str"),
+     "classifier:str category:str error_signature:str updated_at:time verdict:str consequences:str "
+     "evidence:str"),
 
     _q("restarts_over_time", "Restarts and faults over time", f"""
 SELECT $__timeInterval(time) AS bucket,

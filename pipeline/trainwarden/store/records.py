@@ -54,6 +54,9 @@ class FaultRecord(msgspec.Struct, frozen=True):
     # failures judged to be its consequences, "; "-separated (migration 0006).
     verdict: str = ""
     consequences: str = ""
+    # The operational evidence weighed beside the verdict: phase, progress,
+    # recurrence, node (engine/operational.py; migration 0007).
+    evidence: str = ""
 
 
 class RestartStages(msgspec.Struct, frozen=True):

@@ -52,21 +52,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from trainwarden.bus.messages import ExpectTasks
 from trainwarden.diagnose.collect import DEFAULT_TIMEOUT_S
-from trainwarden.events import InstanceSpec, JobSpec
-from trainwarden.runtime.agents import ClusterJob, ClusterPort
-from trainwarden.runtime.base import Capability
+from trainwarden.runtime.agents import ClusterJob
+from trainwarden.runtime.base import (Capability, CapacityTaken, EngineError, JobToRun, NodeDown, NodeIsolated,
+                                      RuntimeEvent)
 from trainwarden.runtime.environment import instance_env, job_env, sdk_import_dir
-from trainwarden.runtime.nodes import master_port
+from trainwarden.runtime.nodes import Cluster, master_port
 from trainwarden.runtime.run_as import RunAs, share_sdk_path
 from trainwarden.runtime.slurm.adopt import token_digest
 from trainwarden.runtime.slurm.handoff import TASK_TOKENS, in_workdir, ready_name
 from trainwarden.runtime.slurm.cli import SlurmCli, SlurmError
 from trainwarden.runtime.slurm.parse import JobState, NodeState, SlurmJob, round_task_env
-from trainwarden.settings import JobSettings
 
 NODES_EVERY_S = 2.0
 REASON_PREFIX = "Trainwarden"
@@ -95,15 +94,36 @@ class SlurmSite:
         self.directory = Path(directory)
         self.python = python
 
+    def runtime(self, job: JobToRun, cluster: Cluster, clock: Callable[[], float]) -> "SlurmRuntime":
+        return SlurmRuntime(job, cluster, clock, self)
+
+    def node_state(self, node: str, isolated: bool, reason: str) -> list[RuntimeEvent]:
+        """An isolation or uncordon (a rule's or an operator's) of a Slurm node is done in Slurm too."""
+        try:
+            found = self.cli.node(node)
+            if found is None:
+                return []  # not a Slurm node
+            drained = found.drain or found.state in (NodeState.DRAINED, NodeState.DRAINING)
+            if isolated and not drained:
+                self.cli.drain(node, f"{REASON_PREFIX}: {reason or 'isolated'}")
+            elif not isolated and drained and found.reason.startswith(REASON_PREFIX):
+                self.cli.resume(node)  # only what Trainwarden drained
+        except SlurmError as exc:
+            return [EngineError(str(exc))]
+        return []
+
+    def describe(self) -> str:
+        return f"Slurm jobs in {self.directory}"
+
 
 class SlurmRuntime(ClusterJob):
     capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.ISOLATE_NODE,
                               Capability.STACK_DUMP})
     places_itself = True
 
-    def __init__(self, port: ClusterPort, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec],
-                 settings: JobSettings, site: SlurmSite):
-        super().__init__(port, job_id, spec, instances, settings)
+    def __init__(self, job: JobToRun, cluster: Cluster, clock: Callable[[], float], site: SlurmSite):
+        super().__init__(job, cluster, clock)
+        job_id = job.job_id
         self.slurm = site.cli
         self.pending: dict[str, tuple[int, int]] = {}  # starts asked for, not launched yet
         self.excluded: set[str] = set()  # isolated by Trainwarden: drained
@@ -159,7 +179,7 @@ class SlurmRuntime(ClusterJob):
         self._try_launch()
 
     def stop(self, names: Sequence[str], snapshot: str = "", incarnations=None) -> None:
-        placed = self.port.cluster.placement.get(self.job_id, {})
+        placed = self.cluster.placement.get(self.job_id, {})
         for name in names:
             self.pending.pop(name, None)
             self.launched.discard(name)
@@ -169,7 +189,7 @@ class SlurmRuntime(ClusterJob):
         # The agents stop what they adopted; a step that outlives that (a task
         # never adopted, an agent gone) is ended through Slurm, once none of
         # its instances is to go on: a lone restart leaves the round's step running.
-        now = self.port.clock()
+        now = self.clock()
         for step in self.steps:
             step.names.difference_update(names)
             if not step.names and not step.asked:
@@ -178,18 +198,19 @@ class SlurmRuntime(ClusterJob):
     def isolate_node(self, node: str, reason: str) -> None:
         self.slurm.drain(node, f"{REASON_PREFIX}: {reason}")
         self.excluded.add(node)
-        self.port.isolate(node, True, reason)
+        self.say(NodeIsolated(node, reason))
 
-    def retry_waiting(self) -> None:
+    def poll(self) -> list[RuntimeEvent]:
         """Each turn of the actuator's loop: watch the nodes, launch what
         waits, end steps that outlived their stop."""
-        now = self.port.clock()
+        now = self.clock()
         if now >= self._next_nodes:
             self._next_nodes = now + NODES_EVERY_S
             self._watch_nodes()
             self._watch_allocation()
         self._try_launch()
         self._end_late_steps()
+        return self.drain()
 
     def finish(self) -> None:
         self.pending.clear()
@@ -231,7 +252,7 @@ class SlurmRuntime(ClusterJob):
         """The standby hosts of this allocation run listen (or will not):
         started with its first round, which waits for them."""
         run = (job.job_id, job.restarts)
-        now = self.port.clock()
+        now = self.clock()
         if self.host_run != run:
             if self.host_step is not None and self.host_step.poll() is None:
                 self.host_step.kill()  # an earlier run's: Slurm ended its step with that run
@@ -319,7 +340,7 @@ class SlurmRuntime(ClusterJob):
             tokens.append(token)
         path = self._write_plan(plan_instances, round_, job, "")
         # Announced first: an agent adopts a task only for a token it was told of.
-        self.port.send_command(ExpectTasks(node="*", job_id=self.job_id, slurm_job=job.job_id,
+        self.send(ExpectTasks(node="*", job_id=self.job_id, allocation=job.job_id,
                                            incarnations=tuple(announced)))
         proc = self._call(self.slurm.launch_step, job.job_id, len(plan_instances),
                           [self.python, "-m", "trainwarden.runtime.slurm.task", str(path)],
@@ -347,7 +368,7 @@ class SlurmRuntime(ClusterJob):
         entry = self._plan_entry(name, round_, start, token)
         entry["as_task"] = round_task_env(self.instance_names.index(name), job.nodes)
         path = self._write_plan([entry], round_, job, f"-{name}-s{start}")
-        self.port.send_command(ExpectTasks(node="*", job_id=self.job_id, slurm_job=job.job_id,
+        self.send(ExpectTasks(node="*", job_id=self.job_id, allocation=job.job_id,
                                            incarnations=((name, round_, start, token_digest(token)),)))
         # --overlap: the round's step holds its cores until every one of its tasks has ended.
         proc = self._call(self.slurm.launch_step, job.job_id, 1,
@@ -365,7 +386,7 @@ class SlurmRuntime(ClusterJob):
         """Where Slurm runs the task just launched: a stop (or a node's loss)
         that comes before its agent's first heartbeat still finds it there.
         The heartbeats say where it really runs (heard)."""
-        self.port.cluster.placement.setdefault(self.job_id, {})[name] = node
+        self.cluster.placement.setdefault(self.job_id, {})[name] = node
 
     def _node_for(self, job, name: str) -> Optional[str]:
         """Where a lone restart runs: where the instance ran (its task's node
@@ -381,7 +402,7 @@ class SlurmRuntime(ClusterJob):
 
     def _end_late_steps(self) -> None:
         late_after = self.spec.stop_grace_s + DEFAULT_TIMEOUT_S + 10.0
-        now = self.port.clock()
+        now = self.clock()
         kept = []
         for step in self.steps:
             if step.proc.poll() is not None:
@@ -395,7 +416,7 @@ class SlurmRuntime(ClusterJob):
     # ------------------------------------------------------------ nodes
 
     def _watch_nodes(self) -> None:
-        placed = self.port.cluster.placement.get(self.job_id, {})
+        placed = self.cluster.placement.get(self.job_id, {})
         nodes = self._call(self.slurm.nodes)
         for node in nodes or ():
             down = node.state in (NodeState.DOWN, NodeState.FAIL) or node.not_responding
@@ -406,7 +427,7 @@ class SlurmRuntime(ClusterJob):
             on_it = sorted(name for name, where in placed.items() if where == node.name)
             if down and on_it and node.name not in self.reported_down:
                 self.reported_down.add(node.name)
-                self.port.node_lost(self.job_id, node.name, on_it)
+                self.say(NodeDown(node.name, tuple(on_it)))
             elif not down:
                 self.reported_down.discard(node.name)
 
@@ -433,7 +454,7 @@ class SlurmRuntime(ClusterJob):
             return  # a node of it is down: node loss, said as such
         rounds = [self.incarnation[name][0] for name in self.launched if name in self.incarnation]
         if rounds:
-            self.port.preempted(self.job_id, max(rounds), why)
+            self.say(CapacityTaken(max(rounds), why))
 
     def _call(self, fn, *args, **kwargs):
         try:
@@ -442,5 +463,5 @@ class SlurmRuntime(ClusterJob):
             # Slurm's controller restarting, a command timing out: said, and tried again next turn.
             self.errors += 1
             self.last_error = str(exc)
-            self.port.slurm_error(self.job_id, str(exc))
+            self.say(EngineError(str(exc)))
             return None
