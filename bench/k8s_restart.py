@@ -40,7 +40,8 @@ from trainwarden.events import InstanceExited, InstanceSpec, InstanceStarted, Jo
 from trainwarden.runtime.kubernetes.api import KubeApi  # noqa: E402
 from trainwarden.runtime.kubernetes.node_side import PodHosts  # noqa: E402
 from trainwarden.runtime.kubernetes.drivers import LocalPodDriver  # noqa: E402
-from trainwarden.runtime.kubernetes.runtime import KubernetesRuntime, KubeSite  # noqa: E402
+from trainwarden.runtime.base import JobEvent, JobToRun  # noqa: E402
+from trainwarden.runtime.kubernetes.runtime import KubeSite  # noqa: E402
 from trainwarden.runtime.kubernetes.section import HostPath, KubernetesSection  # noqa: E402
 from trainwarden.runtime.nodes import Cluster  # noqa: E402
 from trainwarden.settings import JobSettings  # noqa: E402
@@ -52,39 +53,17 @@ STEPS = ("--steps", "560", "--fault-step", "500", "--step-s", "0.05")
 MODES = ("in place", "in place, preload", "recreate")
 
 
-class Port:
-    """What the runtime asks of the actuator service: here, nothing is sent anywhere."""
-
-    def __init__(self):
-        self.cluster = Cluster(10.0)
-        self.clock = time.monotonic
-        self.errors: list[str] = []
-
-    def send_command(self, command):
-        pass
-
-    def expect_dumps(self, report_id, job_id, node):
-        pass
-
-    def isolate(self, node, isolated, reason):
-        pass
-
-    def no_capacity(self):
-        pass
-
-    def slurm_error(self, job_id, text):
-        self.errors.append(text)
-
-
 def run_once(api: KubeApi, namespace: str, mode: str, cap_s: float = 240.0) -> dict:
     work = Path(tempfile.mkdtemp(prefix="twk-", dir="/tmp"))
     events: list = []
     started_at: dict[str, float] = {}  # each round-1 process's start, seen here (wall clock, as the job's lines)
 
-    def emit(event) -> None:
-        if isinstance(event, InstanceStarted) and event.round == 1:
-            started_at.setdefault(event.instance, time.time())
-        events.append(event)
+    def hear(said) -> None:
+        # What the runtime says: here only the engine's events (JobEvent) are kept; nothing is sent anywhere.
+        for event in (e.event for e in said if isinstance(e, JobEvent)):
+            if isinstance(event, InstanceStarted) and event.round == 1:
+                started_at.setdefault(event.instance, time.time())
+            events.append(event)
 
     (work / "ckpt").mkdir()
     try:
@@ -96,15 +75,15 @@ def run_once(api: KubeApi, namespace: str, mode: str, cap_s: float = 240.0) -> d
                        preload=("torch",) if "preload" in mode else (),
                        runtime_options=json.dumps({"kubernetes": section.to_wire()}))
         site = KubeSite(api=api, driver=LocalPodDriver(PodHosts(work / "pods", "", time.monotonic)),
-                        emit=emit, python=sys.executable, state_dir=str(work / "pods"),
-                        rendezvous_by_name=True)
-        runtime = KubernetesRuntime(Port(), f"bench-{uuid.uuid4().hex[:6]}", spec, INSTANCES, JobSettings(), site)
+                        python=sys.executable, state_dir=str(work / "pods"), rendezvous_by_name=True)
+        runtime = site.runtime(JobToRun(f"bench-{uuid.uuid4().hex[:6]}", spec, INSTANCES, JobSettings()),
+                               Cluster(10.0), time.monotonic)
         for instance in INSTANCES:
             runtime.start(instance.name, 0, 0)
         restarted = False
         deadline = time.monotonic() + cap_s
         while time.monotonic() < deadline:
-            runtime.retry_waiting()
+            hear(runtime.poll())
             if not restarted and any(isinstance(e, InstanceExited) and e.exit_code != 0 for e in events):
                 restarted = True  # the engine's decision: restart the job
                 runtime.stop([i.name for i in INSTANCES])

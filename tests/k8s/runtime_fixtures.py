@@ -1,5 +1,5 @@
-"""What the kubernetes runtime's tests share: a port standing in for the
-actuator service, a driver recording what reaches the pod hosts, and an
+"""What the kubernetes runtime's tests share: what a runtime says, as the
+actuator service carries it out, a driver recording what reaches the pod hosts, and an
 apiserver in this process (the API's paths and JSON, kept in memory) for the
 tests that need no cluster."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 
 import httpx2
@@ -14,38 +15,71 @@ from lightkube import Client, KubeConfig
 from lightkube.config.kubeconfig import Cluster as KubeCluster
 from lightkube.config.kubeconfig import User
 
+from trainwarden.events import NodeLost, Preempted
+from trainwarden.runtime.base import AgentCommand, CapacityTaken, EngineError, JobEvent, JobToRun, NodeDown, NodeIsolated
 from trainwarden.runtime.kubernetes.api import KubeApi
 from trainwarden.runtime.nodes import Cluster
+from trainwarden.settings import JobSettings
 
 
-class Port:
-    """The actuator service as a cluster runtime sees it (runtime/agents.ClusterPort)."""
+class Heard(list):
+    """What a runtime said (runtime/base.py) as the actuator service carries
+    it out: the job engine's events in this list, in order (``NodeDown`` as
+    ``NodeLost``, ``CapacityTaken`` as ``Preempted``, a ``JobEvent``'s
+    event), with when each was heard (``at``); its engine errors, isolations
+    and agent commands beside, each drained from the runtime when read."""
 
-    def __init__(self, clock):
-        self.cluster = Cluster(10.0)
-        self.clock = clock
-        self.commands, self.isolated, self.errors = [], [], []
+    def __init__(self, runtime=None):
+        super().__init__()
+        self.runtime = runtime
+        self.at: list[float] = []
+        self._errors, self._isolated, self._commands = [], [], []
 
-    def send_command(self, command):
-        self.commands.append(command)
+    def poll(self) -> None:
+        self.take(self.runtime.poll())
 
-    def expect_dumps(self, report_id, job_id, node):
-        pass
+    def take(self, said) -> None:
+        for event in said:
+            if isinstance(event, JobEvent):
+                self._hear(event.event)
+            elif isinstance(event, NodeDown):
+                self._hear(NodeLost(job_id=self.runtime.job_id, time=self.runtime.clock(), node=event.node,
+                                    instances=event.instances))
+            elif isinstance(event, CapacityTaken):
+                self._hear(Preempted(job_id=self.runtime.job_id, time=self.runtime.clock(), round=event.round,
+                                     reason=event.reason))
+            elif isinstance(event, EngineError):
+                self._errors.append(event.text)
+            elif isinstance(event, NodeIsolated):
+                self._isolated.append((event.node, True, event.reason))
+            elif isinstance(event, AgentCommand):
+                self._commands.append(event.command)
 
-    def isolate(self, node, isolated, reason):
-        self.isolated.append((node, isolated, reason))
+    def _hear(self, event) -> None:
+        self.at.append(time.monotonic())
+        self.append(event)
 
-    def no_capacity(self):
-        pass
+    def _drained(self, kept: list) -> list:
+        self.take(self.runtime.drain())
+        return kept
 
-    def node_lost(self, job_id, node, instances):
-        raise AssertionError("the kubernetes runtime emits typed events")
+    @property
+    def errors(self) -> list:
+        return self._drained(self._errors)
 
-    def preempted(self, job_id, round_, reason):
-        raise AssertionError("the kubernetes runtime emits typed events")
+    @property
+    def isolated(self) -> list:
+        return self._drained(self._isolated)
 
-    def slurm_error(self, job_id, text):
-        self.errors.append(text)
+    @property
+    def commands(self) -> list:
+        return self._drained(self._commands)
+
+
+def kube_runtime(site, job_id, spec, instances, clock=time.monotonic):
+    """The job's runtime as an actuator builds it (site.runtime), and what it says."""
+    runtime = site.runtime(JobToRun(job_id, spec, tuple(instances), JobSettings()), Cluster(10.0), clock)
+    return runtime, Heard(runtime)
 
 
 class RecordingDriver:
@@ -60,6 +94,7 @@ class RecordingDriver:
     def run(self, run):
         start = run.start
         self.runs.append((start.node, run.uid, start.instance.name, start.round, start.start, dict(run.env)))
+        return []
 
     def stop(self, node, uid, grace_s):
         self.stops.append((node, uid))

@@ -21,16 +21,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tests.k8s.runtime_fixtures import Port
+from tests.k8s.runtime_fixtures import kube_runtime
 from trainwarden.events import (InstanceExited, InstanceSpec, InstanceStarted, JobSpec, LogLine, NodeLost, Preempted,
                                 RoleSpec)
 from trainwarden.runtime.kubernetes.api import KubeApi
 from trainwarden.runtime.kubernetes.manifests import job_selector
 from trainwarden.runtime.kubernetes.node_side import PodHosts
 from trainwarden.runtime.kubernetes.drivers import LocalPodDriver
-from trainwarden.runtime.kubernetes.runtime import KubernetesRuntime, KubeSite, uncordon
+from trainwarden.runtime.kubernetes.runtime import KubeSite, uncordon
 from trainwarden.runtime.kubernetes.section import HostPath, KubernetesSection
-from trainwarden.settings import JobSettings
 
 pytestmark = pytest.mark.skipif(
     not (os.environ.get("TRAINWARDEN_K8S") == "1" and os.environ.get("KUBECONFIG")),
@@ -66,32 +65,19 @@ def namespace(api):
     api.client.delete(Namespace, name)
 
 
-class Events(list):
-    """The events the runtime emits, each with when it came (``at``, monotonic)."""
-
-    def __init__(self):
-        super().__init__()
-        self.at: list[float] = []
-
-    def append(self, event) -> None:
-        self.at.append(time.monotonic())
-        super().append(event)
-
-
 @pytest.fixture
 def job(api, namespace):
     state = Path(tempfile.mkdtemp(prefix="twk-", dir="/tmp"))  # short: the pod hosts' sockets are in it
-    events = Events()
-    port = Port(time.monotonic)
     paths = {"/usr", sys.base_prefix, str(ROOT)}
     section = KubernetesSection(image=IMAGE, namespace=namespace, image_pull_policy="Never",
                                 host_paths=tuple(HostPath(p) for p in sorted(paths)))
     spec = JobSpec(roles=(RoleSpec("worker", 2, (sys.executable, "-u", "-c", TRAIN)),), runtime="kubernetes",
                    stop_grace_s=3.0, runtime_options=json.dumps({"kubernetes": section.to_wire()}))
-    site = KubeSite(api=api, driver=LocalPodDriver(PodHosts(state, "", time.monotonic)), emit=events.append,
+    site = KubeSite(api=api, driver=LocalPodDriver(PodHosts(state, "", time.monotonic)),
                     python=sys.executable, state_dir=str(state), rendezvous_by_name=True)
-    runtime = KubernetesRuntime(port, f"kjob-{uuid.uuid4().hex[:6]}", spec, INSTANCES, JobSettings(), site)
-    yield runtime, events, port
+    runtime, heard = kube_runtime(site, f"kjob-{uuid.uuid4().hex[:6]}", spec, INSTANCES)
+    # What it says: the engine's events in the list (each with when, .at); its errors beside.
+    yield runtime, heard, heard
     runtime.finish()
     for node in ("tw-k8s-1", "tw-k8s-2"):
         uncordon(api, node)
@@ -101,7 +87,7 @@ def job(api, namespace):
 def _pump(runtime, events, done, timeout=90.0, what="the condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        runtime.retry_waiting()
+        events.poll()
         if done():
             return
         time.sleep(0.1)
@@ -219,7 +205,6 @@ def test_an_incarnations_sdk_calls_reach_its_nodes_endpoint_as_the_adopted_host_
     endpoint.bind(str(agent_dir / "sdk.sock"))
     endpoint.listen(4)
     endpoint.settimeout(60)
-    events: list = []
     call = ("import os, socket, time\n"
             "s = socket.socket(socket.AF_UNIX); s.connect(os.environ['TRAINWARDEN_SDK_SOCKET'])\n"
             "s.sendall(b'report_progress'); print('called', flush=True); time.sleep(60)\n")
@@ -228,10 +213,9 @@ def test_an_incarnations_sdk_calls_reach_its_nodes_endpoint_as_the_adopted_host_
     spec = JobSpec(roles=(RoleSpec("worker", 1, (sys.executable, "-c", call)),), runtime="kubernetes",
                    stop_grace_s=2.0, runtime_options=json.dumps({"kubernetes": section.to_wire()}))
     hosts = PodHosts(state, "", time.monotonic, control_address=str(agent_dir / "sdk.sock"))
-    site = KubeSite(api=api, driver=LocalPodDriver(hosts), emit=events.append, python=sys.executable,
+    site = KubeSite(api=api, driver=LocalPodDriver(hosts), python=sys.executable,
                     state_dir=str(state), rendezvous_by_name=True, agent_dir=str(agent_dir))
-    runtime = KubernetesRuntime(Port(time.monotonic), f"kjob-{uuid.uuid4().hex[:6]}", spec, INSTANCES[:1],
-                                JobSettings(), site)
+    runtime, events = kube_runtime(site, f"kjob-{uuid.uuid4().hex[:6]}", spec, INSTANCES[:1])
     try:
         runtime.start("worker-0", 0, 0)
         _pump(runtime, events, lambda: any(isinstance(e, LogLine) and e.text == "called" for e in events),

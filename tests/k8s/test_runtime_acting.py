@@ -14,34 +14,33 @@ pytest.importorskip("lightkube", reason="lightkube is not installed here (pip in
 import httpx2  # noqa: E402 - lightkube's HTTP client
 
 from tests.history_seed import Clock  # noqa: E402
-from tests.k8s.runtime_fixtures import MemoryApiserver, Port, RecordingDriver  # noqa: E402
+from tests.k8s.runtime_fixtures import MemoryApiserver, RecordingDriver, kube_runtime  # noqa: E402
 from trainwarden.bus.messages import StartInstance  # noqa: E402
 from trainwarden.events import InstanceExited, InstanceSpec, JobSpec, LogLine, NodeLost, RoleSpec  # noqa: E402
 from trainwarden.runtime.kubernetes.drivers import AgentPodDriver  # noqa: E402
-from trainwarden.runtime.kubernetes.runtime import KubernetesRuntime, KubeSite, uncordon  # noqa: E402
+from trainwarden.runtime.kubernetes.runtime import KubeSite, uncordon  # noqa: E402
 from trainwarden.runtime.kubernetes.section import KubernetesSection  # noqa: E402
-from trainwarden.settings import JobSettings  # noqa: E402
 
 INSTANCES = (InstanceSpec("worker-0", "worker", 0, 0), InstanceSpec("worker-1", "worker", 1, 1))
 
 
 def _runtime(server, namespace="default"):
     clock = Clock(100.0)
-    port, driver, events = Port(clock), RecordingDriver(), []
+    driver = RecordingDriver()
     section = KubernetesSection(image="train:1", namespace=namespace)
     spec = JobSpec(roles=(RoleSpec("worker", 2, ("python", "train.py")),), runtime="kubernetes",
                    runtime_options=json.dumps({"kubernetes": section.to_wire()}))
-    runtime = KubernetesRuntime(port, "job-1", spec, INSTANCES, JobSettings(),
-                                KubeSite(api=server.api(), driver=driver, emit=events.append))
-    return runtime, port, driver, events, clock
+    runtime, heard = kube_runtime(KubeSite(api=server.api(), driver=driver), "job-1", spec, INSTANCES, clock)
+    # What it says: the engine's events in the list; its errors, isolations and commands beside.
+    return runtime, heard, driver, heard, clock
 
 
-def _round(runtime, clock, round_):
+def _round(runtime, heard, clock, round_):
     for spec in INSTANCES:
         runtime.start(spec.name, round_, 0)
     for _ in range(3):
         clock.advance(1.0)
-        runtime.retry_waiting()
+        heard.poll()
 
 
 def test_a_round_creates_one_pod_per_instance_and_hands_each_its_incarnation():
@@ -55,7 +54,7 @@ def test_a_round_creates_one_pod_per_instance_and_hands_each_its_incarnation():
 
 def _round_started(server):
     runtime, port, driver, events, clock = _runtime(server)
-    _round(runtime, clock, 0)
+    _round(runtime, port, clock, 0)
     return runtime, port, driver, events, clock
 
 
@@ -64,7 +63,7 @@ def test_a_job_restart_runs_the_next_incarnation_in_the_same_pods():
     runtime, port, driver, events, clock = _round_started(server)
     uids = {run[1] for run in driver.runs}
     runtime.stop([s.name for s in INSTANCES])
-    _round(runtime, clock, 1)
+    _round(runtime, port, clock, 1)
     assert {run[1] for run in driver.runs if run[3] == 1} == uids
     assert server.deleted == [] and runtime.in_place == 2
     ports = {run[5]["MASTER_PORT"] for run in driver.runs}
@@ -82,7 +81,7 @@ def test_only_the_pod_on_an_isolated_node_is_recreated_elsewhere_and_uncordon_re
     assert node["metadata"]["annotations"]["trainwarden.io/isolated-reason"] == "C4D: NCCL error on rank 0"
     assert port.isolated == [("n1", True, "C4D: NCCL error on rank 0")]
     runtime.stop([s.name for s in INSTANCES])
-    _round(runtime, clock, 1)
+    _round(runtime, port, clock, 1)
     assert server.deleted == on_n1
     assert {pod["spec"]["nodeName"] for pod in server.pods.values()} == {"n2"}
     assert uncordon(server.api(), "n1") is True
@@ -95,13 +94,13 @@ def test_a_node_that_goes_not_ready_is_node_loss_and_its_pod_moves():
     runtime, port, driver, events, clock = _round_started(server)
     server.nodes["n1"]["status"]["conditions"] = [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]
     clock.advance(2.0)
-    runtime.retry_waiting()
+    events.poll()
     assert [type(e) for e in events] == [NodeLost] and events[0].node == "n1"
     runtime.stop(list(events[0].instances))
     for name in events[0].instances:
         runtime.start(name, 1, 0)
     clock.advance(2.0)
-    runtime.retry_waiting()
+    events.poll()
     assert {pod["spec"]["nodeName"] for pod in server.pods.values()} == {"n2"}
 
 
@@ -115,7 +114,7 @@ def test_a_job_that_ends_leaves_no_pod_behind():
 def test_an_unknown_namespace_fails_the_job_in_one_sentence_with_nothing_created():
     server = MemoryApiserver()
     runtime, port, driver, events, clock = _runtime(server, namespace="nope")
-    _round(runtime, clock, 0)
+    _round(runtime, port, clock, 0)
     assert port.errors == ["the namespace 'nope' does not exist on the cluster (hint: create it (kubectl create "
                            "namespace nope) or fix 'kubernetes.namespace')"]
     assert server.pods == {} and driver.runs == []
@@ -130,7 +129,7 @@ def test_a_missing_permission_is_named_and_nothing_is_created():
     server = MemoryApiserver()
     server.forbid.add(("patch", "nodes"))
     runtime, port, driver, events, clock = _runtime(server)
-    _round(runtime, clock, 0)
+    _round(runtime, port, clock, 0)
     assert port.errors[0].startswith("the actuator may not patch nodes (RBAC denies it)")
     assert server.pods == {}
 
@@ -165,7 +164,7 @@ def test_a_new_actuator_takes_the_jobs_pods_over_and_restarts_in_them():
     first, port, driver, events, clock = _round_started(server)
     pods = server.pods_named()
     second, port2, driver2, events2, clock2 = _runtime(server)  # the same job, a new actuator
-    _round(second, clock2, 1)
+    _round(second, port2, clock2, 1)
     assert server.pods_named() == pods and server.deleted == []
     assert sorted(run[2] for run in driver2.runs) == ["worker-0", "worker-1"] and second.in_place == 2
 
@@ -186,15 +185,15 @@ def test_an_isolation_kubernetes_refuses_is_said_and_the_job_goes_on_off_that_no
     runtime.isolate_node("n1", "C4D")
     assert "may not patch node n1" in port.errors[0] and not runtime.failed
     runtime.stop([s.name for s in INSTANCES])
-    _round(runtime, clock, 1)
+    _round(runtime, port, clock, 1)
     assert {pod["spec"]["nodeName"] for pod in server.pods.values()} == {"n2"}
 
 
 def test_through_the_agents_each_run_is_a_start_for_the_pods_node_naming_the_pod():
     server = MemoryApiserver()
     runtime, port, driver, events, clock = _runtime(server)
-    runtime.site.driver = AgentPodDriver(port.send_command)
-    _round(runtime, clock, 0)
+    runtime.site.driver = AgentPodDriver()
+    _round(runtime, port, clock, 0)
     starts = [c for c in port.commands if isinstance(c, StartInstance)]
     uids = {pod["metadata"]["uid"]: pod["spec"]["nodeName"] for pod in server.pods.values()}
     assert sorted(s.instance.name for s in starts) == ["worker-0", "worker-1"]

@@ -38,6 +38,12 @@ def check(job_file: str, kubeconfig: Optional[str] = None, api=None) -> str:
     return ""
 
 
+def no_job_file() -> str:
+    """A job given as a command after --: it has no kubernetes: section to run with."""
+    return ("a job for the kubernetes runtime needs a job file with a kubernetes: section (its image at least), "
+            "not a command after -- (hint: write JOB.yaml with 'kubernetes: {image: ...}' and submit that)")
+
+
 def job_section(job_file: str) -> KubernetesSection:
     """The job file's kubernetes: section, checked as loading the whole job
     checks it (jobspec.py calls the same parse_section); the rest of the

@@ -19,6 +19,7 @@ import dataclasses
 from typing import Mapping, Protocol
 
 from trainwarden.bus.messages import StartInstance
+from trainwarden.runtime.base import AgentCommand, RuntimeEvent
 from trainwarden.runtime.kubernetes.node_side import POD_UID_VARIABLE, PodHosts
 
 
@@ -40,7 +41,8 @@ class PodDriver(Protocol):
     def ready(self, node: str, uid: str) -> bool:
         """The pod's host can take a run (it listens)."""
 
-    def run(self, run: PodRun) -> None: ...
+    def run(self, run: PodRun) -> list[RuntimeEvent]:
+        """Hand the run to the pod's host; what the runtime has to say for it (the agent's command)."""
 
     def stop(self, node: str, uid: str, grace_s: float) -> None:
         """Stop what the pod's host runs (where no agent was told to, ``KubernetesRuntime.stop``)."""
@@ -50,16 +52,13 @@ class PodDriver(Protocol):
 
 
 class AgentPodDriver:
-    """Through the node agents: ``send_command`` is the actuator's (runtime/agents.ClusterPort)."""
-
-    def __init__(self, send_command):
-        self.send_command = send_command
+    """Through the node agents: each run is a command the runtime says (an ``AgentCommand``)."""
 
     def ready(self, node: str, uid: str) -> bool:
         return True  # the agent holds a run until the pod's host listens
 
-    def run(self, run: PodRun) -> None:
-        self.send_command(run.start)
+    def run(self, run: PodRun) -> list[RuntimeEvent]:
+        return [AgentCommand(run.start)]
 
     def stop(self, node: str, uid: str, grace_s: float) -> None:
         pass  # the agents were told (ClusterJob.stop_on_agents), with the stack dumps first when asked
@@ -75,10 +74,11 @@ class LocalPodDriver:
     def ready(self, node: str, uid: str) -> bool:
         return self.hosts.ready(uid)
 
-    def run(self, run: PodRun) -> None:
+    def run(self, run: PodRun) -> list[RuntimeEvent]:
         start = run.start
         self.hosts.run(run.uid, start.job_id, start.instance.name, start.round, start.start, list(start.command),
                        dict(run.env), start.workdir, node=start.node)
+        return []  # its events come from ``poll``
 
     def stop(self, node: str, uid: str, grace_s: float) -> None:
         self.hosts.stop(uid, grace_s)

@@ -1,6 +1,6 @@
 """A node's side of the ``kubernetes`` runtime: the pod hosts on this node
 (pod_host.py) run the incarnations the agent hands them, and the agent
-adopts what they start, as it adopts Slurm's tasks (runtime/slurm/adopt.py).
+adopts what they start, as it adopts a batch scheduler's tasks.
 
 The agent runs on the node with the host's PID namespace (the DaemonSet's
 ``hostPID``; in CI beside the kubelets). A pod host answers a run with the

@@ -5,7 +5,7 @@ nodes come in as the API's JSON (dicts), the time as a number.
   taking the pod away: the scheduler preempting it for a higher-priority
   pod, the Eviction API (``kubectl drain``), the kubelet under node
   pressure or shutting down, the taint manager. Not a fault of the job:
-  the same ``Preempted`` event as Slurm's preemption.
+  the same ``Preempted`` event as a batch scheduler's preemption.
 - A node whose ``Ready`` condition is False or Unknown, or that is gone
   from the API, while it holds the job's pods: ``NodeLost``.
 - A pod whose container terminated (the pod host itself ended: OOMKilled,

@@ -11,10 +11,10 @@ uid>/host.sock``, mode 0700), one JSON request a connection:
     {"stop": {"grace_s": 10}} -> {"stopped": true}
 
 For each incarnation ``r<round>s<start>``, it writes its output (stdout and
-stderr, as srun writes a task's) to ``.out``, then ``.start.json`` with its
+stderr, as a scheduler writes a task's) to ``.out``, then ``.start.json`` with its
 pid, and ``.exit.json`` with its exit code (128+N for signal N) once it
-ended: the agent adopts the process by the token in its environment
-(proof.token_of, as a Slurm task's) and ships the lines and the exit. With
+ended: the agent adopts the process by the token in its environment (as
+a scheduler's task is adopted) and ships the lines and the exit. With
 ``--preload MODULES``, each incarnation after the first is handed to a warm
 standby interpreter kept in the pod (standby_pool.StandbyPool, streams
 mode), as the agents do on their own nodes.

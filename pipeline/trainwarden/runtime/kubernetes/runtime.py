@@ -16,9 +16,11 @@ restarted in place.
 - Isolating a node cordons it, taints it ``trainwarden.io/isolated``
   (NoSchedule), labels it and writes the reason in an annotation
   (manifests.isolate_patch); ``uncordon`` removes exactly those.
-- What Kubernetes reports is translated into typed events (observe.py)
-  and handed to ``emit``: node loss, preemption (not a fault), a pod whose
-  container ended.
+- What Kubernetes reports is translated (observe.py) into the typed
+  events every runtime says (runtime/base.py), handed back from ``poll``:
+  node loss (``NodeDown``), preemption (``CapacityTaken``, not a fault), a
+  pod whose container ended (its exit, a ``JobEvent``); an API error is an
+  ``EngineError``, an isolation a ``NodeIsolated``.
 - The job's end deletes every pod of it (by its label): none is left.
 - Before the first pod, the namespace and every verb the runtime uses are
   checked (KubeApi.preflight): a job the cluster cannot run fails at once,
@@ -33,9 +35,10 @@ import secrets
 from typing import Callable, Optional, Sequence
 
 from trainwarden.bus.messages import StartInstance
-from trainwarden.events import InstanceExited, InstanceSpec, JobSpec, LogLine, Stream
-from trainwarden.runtime.agents import ClusterJob, ClusterPort
-from trainwarden.runtime.base import Capability
+from trainwarden.events import InstanceExited, LogLine, NodeLost, Preempted, Stream
+from trainwarden.runtime.agents import ClusterJob
+from trainwarden.runtime.base import (Capability, CapacityTaken, EngineError, JobEvent, JobToRun, NodeDown,
+                                      NodeIsolated, RuntimeEvent)
 from trainwarden.runtime.environment import instance_env, job_env
 from trainwarden.runtime.kubernetes.api import KubeApi, KubeError
 from trainwarden.runtime.kubernetes.drivers import PodDriver, PodRun
@@ -49,8 +52,7 @@ from trainwarden.runtime.kubernetes.manifests import (
 from trainwarden.runtime.kubernetes.node_side import POD_UID_VARIABLE, PodHostError
 from trainwarden.runtime.kubernetes.observe import CANNOT_START, Incarnation, node_view, pod_view, translate
 from trainwarden.runtime.kubernetes.section import ISOLATED_TAINT, HostPath, KubernetesSection, section_of
-from trainwarden.runtime.nodes import master_port
-from trainwarden.settings import JobSettings
+from trainwarden.runtime.nodes import Cluster, master_port
 
 WATCH_EVERY_S = 1.0
 POD_HOST_MODULE = "trainwarden.runtime.kubernetes.pod_host"
@@ -64,7 +66,6 @@ class KubeSite:
 
     api: KubeApi
     driver: PodDriver
-    emit: Callable[[object], None]  # typed events (node loss, preemption, exits) for the job's engine
     python: str = "python3"
     state_dir: str = "/var/lib/trainwarden/pods"
     host_network: bool = True
@@ -74,16 +75,30 @@ class KubeSite:
     # The node agents' SDK endpoint directory (node_side.PodHosts' control_address is in it):
     # mounted read-only at the same path in every pod, so the job's SDK calls reach its node's agent.
     agent_dir: str = ""
+    # What the driver followed (a LocalPodDriver's pod hosts, every job's), kept by job until its runtime polls.
+    _followed: dict = dataclasses.field(default_factory=dict)
 
-    def node_state(self, node: str, isolated: bool, reason: str) -> list:
+    def runtime(self, job: JobToRun, cluster: Cluster, clock: Callable[[], float]) -> "KubernetesRuntime":
+        return KubernetesRuntime(job, cluster, clock, self)
+
+    def node_state(self, node: str, isolated: bool, reason: str) -> list[RuntimeEvent]:
         """A node isolated or uncordoned by a rule or an operator (``trainwarden
         nodes isolate|uncordon``): done in Kubernetes too. Uncordoning undoes
-        only an isolation by Trainwarden (its taint); nothing to say back."""
-        if isolated:
-            isolate(self.api, node, reason)
-        else:
-            uncordon(self.api, node)
+        only an isolation by Trainwarden (its taint); a refusal is said."""
+        try:
+            if isolated:
+                isolate(self.api, node, reason)
+            else:
+                uncordon(self.api, node)
+        except KubeError as exc:
+            return [EngineError(str(exc) + (f" (hint: {exc.hint})" if exc.hint else ""))]
         return []
+
+    def followed(self, job_id: str) -> list:
+        """The events of this job's incarnations the driver followed since last asked."""
+        for event in self.driver.poll():
+            self._followed.setdefault(event.job_id, []).append(event)
+        return self._followed.pop(job_id, [])
 
     def describe(self) -> str:
         return f"pods through {self.api.server or 'the kubeconfig'}'s apiserver; pod hosts in {self.state_dir}"
@@ -106,10 +121,9 @@ class KubernetesRuntime(ClusterJob):
                               Capability.STACK_DUMP})
     places_itself = True
 
-    def __init__(self, port: ClusterPort, job_id: str, spec: JobSpec, instances: Sequence[InstanceSpec],
-                 settings: JobSettings, site: KubeSite):
-        super().__init__(port, job_id, spec, instances, settings)
-        self.section = section_of(spec)
+    def __init__(self, job: JobToRun, cluster: Cluster, clock: Callable[[], float], site: KubeSite):
+        super().__init__(job, cluster, clock)
+        self.section = section_of(job.spec)
         self.site = site
         self.api = site.api
         self.pods: dict[str, _Pod] = {}
@@ -151,17 +165,18 @@ class KubernetesRuntime(ClusterJob):
         # A node Kubernetes would not cordon is still avoided by this job's
         # pods (affinity); the failure is said, never the job's end.
         isolate(self.api, node, reason, on_error=self._say)
-        self.port.isolate(node, True, reason)
+        self.say(NodeIsolated(node, reason))
 
-    def retry_waiting(self) -> None:
+    def poll(self) -> list[RuntimeEvent]:
         """Each turn of the actuator's loop: what Kubernetes says, then what waits."""
-        now = self.port.clock()
+        now = self.clock()
         if now >= self._next_watch:
             self._next_watch = now + WATCH_EVERY_S
             self._watch()
-        for event in self.site.driver.poll():
-            self.site.emit(event)
+        for event in self.site.followed(self.job_id):
+            self.say(JobEvent(event))
         self._advance()
+        return self.drain()
 
     def finish(self) -> None:
         """The job is over: every pod of it is deleted (the pod host stops
@@ -280,7 +295,7 @@ class KubernetesRuntime(ClusterJob):
         if pod.runs:
             self.in_place += 1
         pod.ran, pod.runs = (round_, start), pod.runs + 1
-        self.port.cluster.placement.setdefault(self.job_id, {})[name] = pod.node
+        self.cluster.placement.setdefault(self.job_id, {})[name] = pod.node
         self.nodes_used.add(pod.node)
         asked = {**job_env(self.spec, role, self.settings), POD_UID_VARIABLE: pod.uid}
         run = PodRun(StartInstance(
@@ -289,9 +304,13 @@ class KubernetesRuntime(ClusterJob):
             master_port=master_port(self.job_id, round_), command=tuple(role.command),
             env=tuple(sorted(asked.items())), workdir=self.spec.workdir,
             max_restarts=self.settings.max_num_of_job_restart), env)
-        if not self._drive(self.site.driver.run, run):
+        said = self._drive(self.site.driver.run, run)
+        if said is None:
             self.pending[name] = (round_, start)  # the host did not take it: the next turn
             pod.ran = None
+            return
+        for event in said:
+            self.say(event)
 
     def _master_address(self) -> Optional[str]:
         rank0 = min(self.specs.values(), key=lambda s: s.rank).name
@@ -335,13 +354,17 @@ class KubernetesRuntime(ClusterJob):
         for name, pod in self.pods.items():
             if pod.name not in {view.name for view in views} and pod.uid:
                 pod.bad = pod.bad or "it is gone"
-        events, self.said = translate(self.job_id, self.port.clock(), views, node_views, current, self.said)
+        events, self.said = translate(self.job_id, self.clock(), views, node_views, current, self.said)
         for event in events:
-            if type(event).__name__ == "Preempted":
+            if isinstance(event, Preempted):
                 if event.round in self.preempted_rounds:
                     continue  # one preemption a round, however many pods went
                 self.preempted_rounds.add(event.round)
-            self.site.emit(event)
+                self.say(CapacityTaken(event.round, event.reason))
+            elif isinstance(event, NodeLost):
+                self.say(NodeDown(event.node, tuple(event.instances)))
+            else:
+                self.say(JobEvent(event))
 
     # ------------------------------------------------------------ errors
 
@@ -354,40 +377,40 @@ class KubernetesRuntime(ClusterJob):
             self._error(exc)
             return None
 
-    def _drive(self, fn, *args) -> bool:
-        """The driver's call; False (counted) when the pod host did not take it: tried again next turn."""
+    def _drive(self, fn, *args) -> Optional[list]:
+        """The driver's call and what it has to say ([] for nothing); None
+        (counted) when the pod host did not take it: tried again next turn."""
         try:
-            fn(*args)
-            return True
+            return list(fn(*args) or ())
         except (PodHostError, OSError) as exc:
             self.errors += 1
             self.last_error = str(exc)
-            return False
+            return None
 
     def _say(self, exc: KubeError) -> None:
         self.errors += 1
         self.last_error = str(exc)
-        self.port.slurm_error(self.job_id, str(exc))  # main's ClusterPort says engine errors so
+        self.say(EngineError(str(exc)))
 
     def _error(self, exc: KubeError) -> None:
         self.errors += 1
         self.last_error = str(exc)
         if exc.permanent and not self.failed:
             self.failed = str(exc) + (f" (hint: {exc.hint})" if exc.hint else "")
-            self.port.slurm_error(self.job_id, self.failed)  # main's ClusterPort says engine errors so
+            self.say(EngineError(self.failed))
             self._cannot_start()
 
     def _cannot_start(self) -> None:
         """The cluster cannot run the job (permanent): each incarnation waiting
         to start ends as a command that could not start (127), its one line
         saying why, so the engine ends the job as for any such exit."""
-        now = self.port.clock()
+        now = self.clock()
         for name, (round_, start) in sorted(self.pending.items()):
-            self.site.emit(LogLine(job_id=self.job_id, time=now, instance=name, round=round_, start=start,
-                                   text=f"trainwarden: the job cannot run on Kubernetes: {self.failed}",
-                                   stream=Stream.STDERR))
-            self.site.emit(InstanceExited(job_id=self.job_id, time=now, instance=name, round=round_, start=start,
-                                          exit_code=CANNOT_START))
+            self.say(JobEvent(LogLine(job_id=self.job_id, time=now, instance=name, round=round_, start=start,
+                                      text=f"trainwarden: the job cannot run on Kubernetes: {self.failed}",
+                                      stream=Stream.STDERR)))
+            self.say(JobEvent(InstanceExited(job_id=self.job_id, time=now, instance=name, round=round_, start=start,
+                                             exit_code=CANNOT_START)))
         self.pending.clear()
 
 
