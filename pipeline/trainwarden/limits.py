@@ -45,6 +45,10 @@ MAX_ROLES = 5  # chief, master, worker, ps, evaluator (jobspec.ROLE_ORDER)
 MAX_ARGS_CHARS = 4096  # the arguments string; every flag of the README's table fits in 600
 MAX_ERRORS_SHOWN = 20  # of one report of mistakes; the rest are counted ("... and N more errors")
 QUOTE_CHARS = 80  # of a refused value quoted in an error
+# A dead letter (an input refused, kept for the history): its error and the
+# refused value, wherever it was refused (run, the agents, the services).
+DEAD_LETTER_ERROR_CHARS = 2_000
+DEAD_LETTER_VALUE_CHARS = 16_000
 
 WHERE = "docs/OPERATIONS.md (Input limits)"
 

@@ -10,6 +10,7 @@ from trainwarden.bus import topic_specs
 from trainwarden.events import Decision, LogLine
 from trainwarden.rules.loader import load_rules
 from trainwarden.services.actuator_service import ActuatorService
+from trainwarden.runtime.slurm.adopt import adopter
 from trainwarden.services.agent import Agent
 from trainwarden.services.follow import Follower, submit
 from trainwarden.services.loop import serve
@@ -54,7 +55,7 @@ class LocalCluster:
             path.touch()
         self.agents = {name: Service(f"agent-{name}", Agent(bus, name, slots, tmp / f"logs-{name}",
                                                             address="127.0.0.1", c4d_log=self.c4d_logs[name],
-                                                            slurm_dir=slurm.directory if slurm else None))
+                                                            adopters=[adopter(slurm.directory, name)] if slurm else ()))
                        for name in names}
         self.processor = Service("processor", Processor(bus, load_rules()))
         self.actuator = Service("actuator", ActuatorService(bus, open_writer(self.store),

@@ -31,13 +31,6 @@ from trainwarden.services.actuator_service import ActuatorService
 from trainwarden.store import SpoolWriter
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pipeline" / "trainwarden"
-# The node host's files: their helper takes the engine's name out of them;
-# this exception goes once that branch is merged.
-NOT_YET = {"services/agent.py", "runtime/standby.py"}
-# The pod side proves a process by the token it was executed with through the
-# Slurm package's proof helper until the node host's engine-neutral one
-# (runtime/adoption.py, same branch) lands; only that import line is let through.
-BORROWED = {("runtime/kubernetes/node_side.py", "from trainwarden.runtime.slurm.proof import token_of")}
 # Diagnosis reads job logs wherever they were printed: a slurmstepd line marks a
 # scheduler's step, not a training step, in a job that ran under srun on any runtime.
 # That is log text the evidence recognises, not a runtime the code depends on.
@@ -49,12 +42,12 @@ def test_slurm_is_named_in_no_module_outside_its_package_and_its_registry_entry(
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         where = path.relative_to(PACKAGE).as_posix()
-        if where.startswith("runtime/slurm/") or where in NOT_YET | LOG_TEXT:
+        if where.startswith("runtime/slurm/") or where in LOG_TEXT:
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.search("slurm", line, re.IGNORECASE):
                 entry = where == "runtime/registry.py" and "import KIND as" in line
-                if not entry and (where, line.strip()) not in BORROWED:
+                if not entry:
                     found.append(f"{where}:{number}: {line.strip()}")
     assert found == [], "\n".join(found)
 
@@ -176,13 +169,16 @@ def test_a_registered_kind_is_offered_to_submit_and_listed_by_trainwarden_runtim
     assert "'local' is not one of agents, slurm, kubernetes, far" in capsys.readouterr().err
 
 
-def test_a_kinds_options_reach_the_actuator_and_agent_commands_with_their_environment_variables(monkeypatch):
+def test_a_kinds_options_reach_the_actuator_and_agent_commands_with_their_environment_variables(monkeypatch, tmp_path):
     monkeypatch.setenv("SLURM_CONF", "/etc/slurm/x.conf")
     parser = build_parser()
     actuator = parser.parse_args(["actuator", "--slurm-dir", "/shared/tw"])
     assert (actuator.slurm_dir, actuator.slurm_conf) == ("/shared/tw", "/etc/slurm/x.conf")
-    agent = parser.parse_args(["agent", "--slurm-dir", "/shared/tw"])
-    assert registry.runtime_kind("slurm").agent_setup(vars(agent)) == {"slurm_dir": Path("/shared/tw")}
+    agent = parser.parse_args(["agent", "--node", "n1", "--slurm-dir", str(tmp_path)])
+    (adopter,) = registry.agent_setup(vars(agent))["adopters"]  # the node's Slurm tasks, adopted through its host
+    tasks = adopter("127.0.0.1:1")
+    assert (tasks.directory, tasks.node) == (tmp_path, "n1")
+    assert registry.agent_setup(vars(parser.parse_args(["agent", "--node", "n1"]))) == {"adopters": []}
     site = registry.sites(vars(actuator))["slurm"]
     assert site.describe() == "Slurm jobs in /shared/tw" and set(registry.sites({})) == {"agents"}
 

@@ -139,7 +139,7 @@ def test_a_stop_of_a_held_start_means_it_never_runs(agent):
     _run_until(agent, lambda: _gone(pid0), GRACE_S + 10, "round 0 stopped")
     _idle(agent, 1.0)
     assert [(r, s) for r, s, _ in agent.started()] == [(0, 0)]
-    assert (JOB, "worker-0") not in agent.running and not agent._deferred
+    assert (JOB, "worker-0") not in agent.running and not agent.host._held
 
 
 def test_a_start_of_an_incarnation_already_started_or_older_is_ignored(agent):

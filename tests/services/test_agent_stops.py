@@ -67,7 +67,7 @@ def test_a_reconciling_stop_during_a_hangs_stack_dump_leaves_the_processes_to_th
         stop = StopInstances(node="n1", job_id=JOB, action_id="stop", instances=("worker-0",), grace_s=2.0,
                              incarnations=(("worker-0", 1, 0),), snapshot_report="hang-1")
         _send(bus, stop)
-        _run_until(agent, lambda: any(t.is_alive() for t in agent._stoppers), 5)
+        _run_until(agent, lambda: any(t.is_alive() for t in agent.host._stoppers), 5)
         _send(bus, StopInstances(node="n1", job_id=JOB, action_id="reconcile", instances=("worker-0",),
                                  grace_s=2.0, incarnations=(("worker-0", 1, 0),)))
 
@@ -96,13 +96,13 @@ def test_a_stop_of_an_adopted_slurm_task_reaches_it_after_a_newer_incarnation_wa
     import subprocess
 
     from trainwarden.bus.messages import ExpectTasks
-    from trainwarden.runtime.slurm.adopt import token_digest
+    from trainwarden.runtime.slurm.adopt import adopter, token_digest
     from trainwarden.runtime.slurm.task import write_json_atomic
 
     bus = MemoryBus()
     bus.create_topics(topic_specs(1))
     site = tmp_path / "slurm"
-    agent = Agent(bus, "n1", 2, tmp_path / "logs", address="127.0.0.1", slurm_dir=site)
+    agent = Agent(bus, "n1", 2, tmp_path / "logs", address="127.0.0.1", adopters=[adopter(site, "n1")])
     tasks: list[subprocess.Popen] = []
 
     def task(step: int, start: int, token: str) -> subprocess.Popen:

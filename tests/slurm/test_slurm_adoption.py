@@ -23,6 +23,7 @@ from tests.slurm.test_task_files import ROOT, slurm_env, write_plan
 from trainwarden.bus.messages import StopInstances
 from trainwarden.events import InstanceStarted
 from trainwarden.jobspec import from_command
+from trainwarden.runtime.adoption import Adopted
 from trainwarden.runtime.slurm.adopt import UNANNOUNCED_S, SlurmTasks, token_digest
 from trainwarden.runtime.slurm.files import adopted_name
 from trainwarden.runtime.slurm.handoff import TASK_TOKENS
@@ -92,7 +93,7 @@ def announce(tasks: SlurmTasks, instance: str, token: str) -> None:
 
 def events_of(items) -> list:
     return [(type(i).__name__, getattr(i, "text", getattr(i, "exit_code", None))) for i in items
-            if not isinstance(i, tuple)]
+            if not isinstance(i, Adopted)]
 
 
 def test_an_instance_that_ended_before_its_agent_looked_is_adopted_through_its_wrapper_and_its_exit_reported(
@@ -101,7 +102,7 @@ def test_an_instance_that_ended_before_its_agent_looked_is_adopted_through_its_w
     announce(tasks, "worker-1", "tok-one")
     stem = task_ran_and_ended(site, 1, "worker-1", gone_pid(), wrappers(1), "resuming at step 5\ndone\n", 0)
     items = tasks.poll()
-    [adopted] = [i[1] for i in items if isinstance(i, tuple)]
+    [adopted] = [i for i in items if isinstance(i, Adopted)]
     assert (adopted.incarnation.instance, adopted.incarnation.round, adopted.pid) == ("worker-1", 1, 0)
     assert events_of(items) == [("InstanceStarted", None), ("LogLine", "resuming at step 5"),
                                 ("LogLine", "done"), ("InstanceExited", 0)]

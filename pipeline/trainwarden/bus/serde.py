@@ -37,6 +37,7 @@ from trainwarden.events import (
     Preempted,
     SdkMessage,
 )
+from trainwarden.limits import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_VALUE_CHARS
 
 SCHEMA_VERSION = 1
 # Far above any message we produce (log lines are cut at 16 KiB and batched),
@@ -122,6 +123,7 @@ def _short(exc: Exception) -> str:
 def dead_letter(record, service: str, error: str, now: float) -> bytes:
     """The dead-letter message for a bus record that could not take effect:
     where it was, why, and its value (decoded with replacement, bounded)."""
-    value = record.value[:16384].decode("utf-8", errors="replace") if record.value else ""
+    value = record.value[:DEAD_LETTER_VALUE_CHARS].decode("utf-8", errors="replace") if record.value else ""
     return encode(DeadLetterMessage(time=now, service=service, topic=record.topic, partition=record.partition,
-                                    offset=record.offset, key=record.key, error=error[:2000], value=value))
+                                    offset=record.offset, key=record.key, error=error[:DEAD_LETTER_ERROR_CHARS],
+                                    value=value))

@@ -212,6 +212,17 @@ def job_process(pid: int, control: ControlServer) -> Optional[str]:
     return None
 
 
+
+def open_channel(socket_path, log_path, on_line: Callable[[str], None], on_refused: Callable[[str, str], None],
+                 control) -> "Optional[C4DSocket | FileFollower]":
+    """The trusted diagnostic channel of ``run`` and the agent alike: the
+    socket C4D's collector writes to (the job's processes refused: ``on_refused``),
+    or C4D's log file; None without either flag."""
+    if socket_path:
+        return C4DSocket(Path(socket_path), on_line, on_refused, control)
+    return FileFollower(Path(log_path), on_line) if log_path else None
+
+
 class C4DSocket:
     """``--c4d-socket PATH``: lines from C4D's collector; a job's process is refused.
 

@@ -192,7 +192,7 @@ class ControlServer:
                  on_refused: Callable[[str, bytes], None] = lambda reason, raw: None,
                  path: Optional[Path] = None, adopts: bool = False):
         self._deliver = deliver
-        # Incarnations started elsewhere (a scheduler's tasks) are made known only
+        # Incarnations another engine started (adopted) are made known only
         # once their process runs (accept_token): until then a call from an
         # unknown process may be theirs, and waits for the adoption too.
         self._adopts = adopts
@@ -296,7 +296,7 @@ class ControlServer:
             self._changed.notify_all()
 
     def accept_token(self, token: str, incarnation: Incarnation, pid: int) -> None:
-        """An incarnation started elsewhere (a scheduler's task this agent adopts),
+        """An incarnation another engine started, adopted here (runtime/adoption.py),
         whose root process is ``pid``."""
         with self._changed:
             self._incarnations[token] = incarnation

@@ -31,6 +31,7 @@ from trainwarden.runtime.keeper import MARK_VARIABLE, KeeperLease, carries, envi
 from trainwarden.runtime.run_as import RunAs
 from trainwarden.runtime.standby import python_invocation
 from trainwarden.runtime.standby_pool import StandbyPool
+from trainwarden.runtime.stopping import signal_group
 
 MAX_LINE_BYTES = 16 * 1024
 POLL_S = 0.05
@@ -203,13 +204,13 @@ class LocalRuntime:
             procs = [p for p in procs if incarnations.get(p.name) == (p.round, p.start)]
         for proc in procs:
             proc.stopping = True
-            _signal_group(proc.popen.pid, signal.SIGTERM)
+            signal_group(proc.popen.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for proc in procs:
             proc.gone.wait(max(0.0, deadline - time.monotonic()))
         for proc in procs:
             if not proc.gone.is_set():
-                _signal_group(proc.popen.pid, signal.SIGKILL)
+                signal_group(proc.popen.pid, signal.SIGKILL)
         for proc in procs:
             proc.gone.wait(10.0)
             self.counters.escaped_processes_killed += kill_incarnation(proc.mark)
@@ -220,7 +221,7 @@ class LocalRuntime:
             procs = [self._procs[n] for n in names if n in self._procs]
         for proc in procs:
             proc.stopping = True
-            _signal_group(proc.popen.pid, signal.SIGKILL)
+            signal_group(proc.popen.pid, signal.SIGKILL)
         for proc in procs:
             proc.gone.wait(10.0)
             self.counters.escaped_processes_killed += kill_incarnation(proc.mark)
@@ -231,7 +232,7 @@ class LocalRuntime:
             procs = list(self._procs.values())
         for proc in procs:
             proc.stopping = True
-            _signal_group(proc.popen.pid, signal.SIGKILL)
+            signal_group(proc.popen.pid, signal.SIGKILL)
             kill_incarnation(proc.mark)
 
     def stop_all(self, grace_s: float) -> None:
@@ -369,7 +370,7 @@ class LocalRuntime:
                     self._unregister(pipe)
             # Children left behind by a dead instance are orphans: end them,
             # including those that started a session of their own.
-            _signal_group(proc.popen.pid, signal.SIGKILL)
+            signal_group(proc.popen.pid, signal.SIGKILL)
             self.counters.escaped_processes_killed += kill_incarnation(proc.mark)
             self._keeper.forget(proc.popen.pid)
             exit_code = 128 - code if code < 0 else code
@@ -432,13 +433,6 @@ def kill_incarnation(mark: str) -> int:
         except (OSError, ValueError):
             continue
     return killed
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _drain_wake(fd: int) -> None:

@@ -134,3 +134,54 @@ class RotatingLogFile:
 
     def close(self) -> None:
         self._handle.close()
+
+
+def log_file(directory: Path, job_id: str, instance: str, round_: int, start: int, stream: str) -> Path:
+    """Where an incarnation's output goes, on a node agent and with ``run
+    --log-dir`` alike: the same Vector configuration and habits serve both."""
+    return directory / job_id / instance / f"r{round_}-s{start}.{stream}.log"
+
+
+class InstanceFiles:
+    """Every incarnation's output lines appended to its files, one per
+    stream, each rotating at ``limits``. A failed write raises OSError (a
+    full disk): what then is the caller's policy."""
+
+    def __init__(self, directory: Path, limits: LogFileLimits, counters):
+        self.directory = Path(directory)
+        self.limits = limits
+        self.counters = counters  # has log_rotations and log_lines_unwritten
+        self._files: dict[tuple[str, str, int, int, str], RotatingLogFile] = {}
+
+    def write(self, line) -> None:
+        """One LogLine (events.py), to its incarnation's file."""
+        key = (line.job_id, line.instance, line.round, line.start, line.stream.value)
+        handle = self._files.get(key)
+        if handle is None:
+            handle = self._files[key] = RotatingLogFile(log_file(self.directory, *key), self.limits, self.counters)
+        handle.write_line(line.text)
+
+    def flush(self) -> None:
+        """A failure is the next write's to report."""
+        for handle in self._files.values():
+            try:
+                handle.flush()
+            except OSError:
+                pass
+
+    def close_incarnation(self, job_id: Optional[str], instance: str, round_: int, start: int) -> None:
+        """Its pipes are drained before its exit is reported: nothing more
+        comes. ``job_id`` None: of whichever job (``run`` has one)."""
+        for key in [k for k in self._files if k[1:4] == (instance, round_, start) and job_id in (None, k[0])]:
+            self._close(key)
+
+    def close(self) -> None:
+        for key in list(self._files):
+            self._close(key)
+
+    def _close(self, key) -> None:
+        handle = self._files.pop(key)
+        try:
+            handle.close()
+        except OSError:
+            pass

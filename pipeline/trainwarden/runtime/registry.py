@@ -100,9 +100,14 @@ def run_as_flags() -> list[str]:
 
 
 def agent_setup(options: Mapping[str, Any]) -> dict:
-    """The node agent's keyword arguments the kinds ask for, from its options."""
-    setup: dict = {}
+    """The node agent's keyword arguments the kinds ask for, from its options:
+    every kind's adopters together (one agent adopts for every engine on its node)."""
+    setup: dict = {"adopters": []}
     for kind in runtimes():
         if kind.agent_setup is not None:
-            setup.update(kind.agent_setup(options))
+            for key, value in kind.agent_setup(options).items():
+                if key == "adopters":
+                    setup["adopters"].extend(value)
+                else:
+                    setup[key] = value
     return setup

@@ -18,7 +18,7 @@ instances imported lazily under the preload packages, ``learned``), and
 ``{"become": {...}}`` hands it its instance. On a Unix socket the ``become``
 message may carry three descriptors (``SCM_RIGHTS``): the instance's stdin,
 stdout and stderr, for a standby that was started before its output had a
-place (Slurm's per-task files).
+place (a batch scheduler's per-task files).
 
 A standby-started instance appends the name of every module it loads under
 the preload packages to a file the pool names (``learn``): ``import torch``

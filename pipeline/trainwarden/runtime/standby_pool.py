@@ -37,6 +37,7 @@ from typing import Callable, Optional, Sequence
 
 from trainwarden.runtime.run_as import RunAs
 from trainwarden.runtime.standby import Invocation, is_module_name
+from trainwarden.runtime.stopping import signal_group
 
 STANDBY_SCRIPT = str(Path(__file__).resolve().parent / "standby.py")
 CONTROL_PIPE_BYTES = 1 << 20  # what the pool may write before the standby reads: its imports, then its instance
@@ -155,7 +156,7 @@ class Standby:
         try:
             self.popen.wait(2.0)
         except subprocess.TimeoutExpired:
-            _kill_group(self.popen.pid)
+            signal_group(self.popen.pid, signal.SIGKILL)
             self.popen.wait(5.0)
         for handle in (self.popen.stdout, self.popen.stderr):
             if handle is not None:
@@ -517,10 +518,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

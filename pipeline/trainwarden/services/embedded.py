@@ -28,7 +28,7 @@ from trainwarden.events import Decision, Event, InstanceExited, InstanceStarted,
 from trainwarden.jobspec import JobDefinition
 from trainwarden.notify.bridge import DecisionNotifications, NotifyOptions, report_summary
 from trainwarden.rules.model import RulePack
-from trainwarden.runtime.c4d_source import C4DSocket, FileFollower
+from trainwarden.runtime.c4d_source import open_channel
 from trainwarden.runtime.control import ControlServer, PendingReply
 from trainwarden.runtime.inbox import Inbox
 from trainwarden.runtime.keeper import KeeperLease
@@ -447,9 +447,7 @@ class EmbeddedRun:
 
     def _c4d_channel(self, control: ControlServer):
         """The socket C4D's collector writes to (the job's processes refused), or its log file."""
-        if self.c4d_socket:
-            return C4DSocket(self.c4d_socket, self._c4d_line, self._c4d_refused, control)
-        return FileFollower(self.c4d_log, self._c4d_line) if self.c4d_log else None
+        return open_channel(self.c4d_socket, self.c4d_log, self._c4d_line, self._c4d_refused, control)
 
     def _c4d_refused(self, reason: str, attempt: str) -> None:
         """A job's process wrote to the C4D socket (its thread): a dead letter, in order."""

@@ -17,10 +17,11 @@ from typing import Optional, Union
 from trainwarden.diagnose.c4d import C4DFormatError, Finding, parse_line
 from trainwarden.engine import JobState, fail_for_engine_error, step
 from trainwarden.events import Decision, Diagnosis, Event, LogLine, action_id
+from trainwarden.limits import DEAD_LETTER_ERROR_CHARS, DEAD_LETTER_VALUE_CHARS
 from trainwarden.store.records import DeadLetter, DiagnosisRecord
 
-MAX_ERROR = 2000
-MAX_PAYLOAD = 16000
+MAX_ERROR = DEAD_LETTER_ERROR_CHARS
+MAX_PAYLOAD = DEAD_LETTER_VALUE_CHARS
 
 Record = Union[DeadLetter, DiagnosisRecord]
 
@@ -59,11 +60,17 @@ def take(state: JobState, event: Event, now: float, *, node: str) -> Taken:
 def channel_line(job_id: str, line: str, node: str, now: float) -> Union[Diagnosis, DeadLetter, None]:
     """A line of the C4D agent's own log (the trusted channel): a finding for
     the engine, a dead letter when it is malformed, None when it says nothing."""
+    found = read_channel_line(line, now, job_id)
+    return diagnosis(job_id, found, node, now) if isinstance(found, Finding) else found
+
+
+def read_channel_line(line: str, now: float, job_id: str = "") -> Union[Finding, DeadLetter, None]:
+    """A line of the trusted channel, before it is known which jobs it
+    concerns (a node agent's: every job with instances there, unless it names one)."""
     try:
-        found = parse_line(line)
+        return parse_line(line)
     except C4DFormatError as exc:
         return dead_letter(job_id, "c4d", str(exc), line, now)
-    return diagnosis(job_id, found, node, now) if found is not None else None
 
 
 def refused_request(job_id: str, reason: str, raw: bytes, now: float) -> DeadLetter:
@@ -72,6 +79,7 @@ def refused_request(job_id: str, reason: str, raw: bytes, now: float) -> DeadLet
 
 
 def dead_letter(job_id: str, source: str, error: str, payload: str, now: float) -> DeadLetter:
+    """Every refused input of the supervision, bounded the same wherever it was refused."""
     return DeadLetter(time=now, source=source, job_id=job_id, error=error[:MAX_ERROR], payload=payload[:MAX_PAYLOAD])
 
 

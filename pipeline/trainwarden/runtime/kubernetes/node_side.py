@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from trainwarden.events import InstanceExited, InstanceStarted, LogLine, Stream
+from trainwarden.runtime.adoption import executed_token
 from trainwarden.runtime.kubernetes.pod_host import SOCKET, incarnation_stem, read_line
-from trainwarden.runtime.slurm.proof import token_of
 
 # In a StartInstance's environment: the incarnation is for this pod's host, not a process of the agent's own.
 POD_UID_VARIABLE = "TRAINWARDEN_POD_UID"
@@ -138,7 +138,7 @@ class PodHosts:
             pid = int(entry.name)
             if _innermost_pid(entry) != followed.pod_pid or not _in_pod(entry, followed.uid):
                 continue
-            own = token_of(pid)
+            own = executed_token(pid)
             if token and own is not None and own != token:
                 self.refused += 1  # another incarnation's process with the same pod pid: never
                 continue

@@ -1,5 +1,6 @@
 """A node agent's side of the ``slurm`` runtime: the tasks Slurm started on
-this node become the agent's instances.
+this node become the agent's instances, adopted by its node host
+(``runtime/adoption.py``: ``SlurmTasks`` is an ``Adopter``).
 
 Slurm, not the agent, starts them (``runtime/slurm/task.py`` under srun);
 the agent follows their manifests and output files (``files.TaskFiles``)
@@ -21,16 +22,12 @@ late loses nothing.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import os
-import signal
-import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from trainwarden.clock import now as clock_now
 from trainwarden.events import InstanceExited, InstanceStarted, LogLine, Stream
-from trainwarden.runtime.control import Incarnation
+from trainwarden.runtime.adoption import Adopted, AdopterFactory, Announcements, executed_token, token_digest
 from trainwarden.runtime.slurm.files import (
     ADOPTION_WAIT_S,
     TaskExited,
@@ -39,15 +36,15 @@ from trainwarden.runtime.slurm.files import (
     TaskLines,
     TaskStarted,
 )
-from trainwarden.runtime.slurm.proof import standby_token, token_of, wrapper_token
+from trainwarden.runtime.slurm.proof import standby_token, wrapper_token
+from trainwarden.runtime.stopping import alive, stop_process_groups
+
+# token_digest: how runtime.py announces the tokens these tasks are proven by.
+__all__ = ["UNANNOUNCED_S", "SlurmTasks", "adopter", "address_file", "token_digest"]
 
 # A task can start before its announcement arrives (the bus and the
 # manifest directory race); after this long it is not ours to follow.
 UNANNOUNCED_S = ADOPTION_WAIT_S
-
-
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def address_file(control_dir: Path, node: str) -> Path:
@@ -55,12 +52,9 @@ def address_file(control_dir: Path, node: str) -> Path:
     return Path(control_dir) / f"{node}.address"
 
 
-@dataclasses.dataclass
-class Adopted:
-    incarnation: Incarnation
-    token: str
-    pid: int
-    key: TaskKey
+def adopter(directory: Path, node: str, clock: Callable[[], float] = clock_now) -> AdopterFactory:
+    """The tasks Slurm starts on this node, for its agent's node host (``agent --slurm-dir``)."""
+    return lambda control_address: SlurmTasks(directory, node, clock, control_address)
 
 
 class SlurmTasks:
@@ -69,7 +63,7 @@ class SlurmTasks:
         self.files = TaskFiles(self.directory / "manifests", node, output_dir=self.directory / "outputs")
         self.clock = clock
         self.node = node
-        self.expected: dict[str, Incarnation] = {}  # token digest -> incarnation the actuator issued
+        self.announced = Announcements()  # the incarnations the actuator issued tokens for
         self.adopted: dict[TaskKey, Adopted] = {}
         self._waiting: list[tuple[float, TaskStarted]] = []
         self.refused = 0
@@ -80,12 +74,11 @@ class SlurmTasks:
         tmp.replace(path)
 
     def expect(self, job_id: str, incarnations) -> None:
-        for instance, round_, start, digest in incarnations:
-            self.expected[digest] = Incarnation(job_id, instance, round_, start)
+        self.announced.expect(job_id, incarnations)
 
     def poll(self) -> list:
-        """Events for the agent: ("adopt", Adopted) first, then InstanceStarted,
-        LogLine and InstanceExited as its own instances would give them."""
+        """For the node host: Adopted first, then InstanceStarted, LogLine
+        and InstanceExited as its own instances would give them."""
         out: list = []
         now = self.clock()
         retry, self._waiting = self._waiting, []
@@ -108,7 +101,7 @@ class SlurmTasks:
 
     def _start(self, started: TaskStarted, since: float, now: float, out: list) -> None:
         token, pid = _token(started)
-        incarnation = self.expected.get(token_digest(token)) if token else None
+        incarnation = self.announced.incarnation(token)
         if incarnation is None or incarnation.instance != started.instance:
             if now - since < UNANNOUNCED_S and started.key not in self.adopted:
                 self._waiting.append((since, started))
@@ -119,21 +112,14 @@ class SlurmTasks:
             return
         adopted = self.adopted[started.key] = Adopted(incarnation, token, pid, started.key)
         self.files.mark_adopted(started.key)
-        out.append(("adopt", adopted))
+        out.append(adopted)
         out.append(InstanceStarted(job_id=incarnation.job_id, time=now, instance=incarnation.instance,
                                    round=incarnation.round, start=incarnation.start, node=self.node, pid=pid))
 
     def stop(self, pids: list[int], grace_s: float) -> None:
-        """SIGTERM to each task's process group, SIGKILL to what is left after the grace period."""
-        pids = [pid for pid in pids if pid > 0]  # 0: an instance already gone when adopted
-        for pid in pids:
-            _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
-            time.sleep(0.05)
-        for pid in pids:
-            if _alive(pid):
-                _signal_group(pid, signal.SIGKILL)
+        """SIGTERM to each task's process group (task.py starts the command in
+        a group of its own), SIGKILL to what is left after the grace period."""
+        stop_process_groups(pids, grace_s)
 
 
 def _token(started: TaskStarted) -> tuple[Optional[str], int]:
@@ -141,31 +127,13 @@ def _token(started: TaskStarted) -> tuple[Optional[str], int]:
     pid to follow: 0 when the instance's process is gone already (nothing
     to signal or dump; a pid reused since must never be)."""
     if started.pid:
-        token = token_of(started.pid)
+        token = executed_token(started.pid)
         if token is None and started.task_pid is not None:
             token = standby_token(started.task_pid, started.pid)
         if token is not None:
             return token, started.pid
-        if _alive(started.pid):
+        if alive(started.pid):
             return None, started.pid  # a process that cannot prove itself
     if started.task_pid is None:
         return None, 0
     return wrapper_token(started.task_pid, started.job_id, started.step_id, started.task_id), 0
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)  # task.py starts the command in a group of its own
-    except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"

@@ -22,7 +22,11 @@ def _site(options: Mapping[str, Any], run_as: Any) -> Optional[Any]:
 
 def _agent(options: Mapping[str, Any]) -> dict:
     directory = options.get("slurm_dir")
-    return {"slurm_dir": Path(directory) if directory else None}
+    if not directory:
+        return {}
+    from trainwarden.runtime.slurm.adopt import adopter
+
+    return {"adopters": [adopter(Path(directory), options["node"])]}
 
 
 KIND = RuntimeKind(

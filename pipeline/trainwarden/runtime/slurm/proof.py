@@ -69,12 +69,6 @@ def _environ(pid: int) -> dict[bytes, bytes]:
     return dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
 
 
-def token_of(pid: int) -> Optional[str]:
-    """The incarnation token the process was executed with."""
-    value = _environ(pid).get(b"TRAINWARDEN_TOKEN")
-    return value.decode("utf-8", errors="replace") if value is not None else None
-
-
 def task_token(task_pid: int) -> Optional[str]:
     """A task wrapper's own token: the one at its SLURM_PROCID among the step's tokens it was executed with."""
     return _own_token(_environ(task_pid))

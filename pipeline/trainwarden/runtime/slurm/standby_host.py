@@ -39,6 +39,7 @@ from trainwarden.runtime.slurm import handoff
 from trainwarden.runtime.slurm.task import write_json_atomic
 from trainwarden.runtime.standby import is_module_name, python_invocation
 from trainwarden.runtime.standby_pool import StandbyPool
+from trainwarden.runtime.stopping import signal_group
 
 PROG = "trainwarden-standby-host"
 REQUEST_S = 30.0  # a connected task has this long to send its request
@@ -125,7 +126,7 @@ class Host:
         try:
             standby.hand_over(invocation, {**env, MARK_VARIABLE: mark}, cwd, streams=reader.fds)
         except OSError:
-            _kill_group(pid)
+            signal_group(pid, signal.SIGKILL)
             standby.popen.wait()
             raise
         finally:
@@ -135,12 +136,12 @@ class Host:
         self.counters["handed_over"] += 1
         try:
             if not _try_send(conn, {"pid": pid}):
-                _kill_group(pid)  # the task is gone: nobody would report this instance
+                signal_group(pid, signal.SIGKILL)  # the task is gone: nobody would report this instance
             code = self._wait(conn, standby.popen)
             _try_send(conn, {"exit": code})
         finally:
             # Orphans of its group, and descendants that left it: the task's step would have ended them.
-            _kill_group(pid)
+            signal_group(pid, signal.SIGKILL)
             kill_incarnation(mark)
             self._keeper.forget(pid)
             if standby.popen.stderr is not None:
@@ -163,7 +164,7 @@ class Host:
                     data = b""
                 if not data:
                     self.counters["dropped"] += 1
-                    _kill_group(popen.pid)
+                    signal_group(popen.pid, signal.SIGKILL)
                     watched = [pidfd]
         finally:
             os.close(pidfd)
@@ -188,7 +189,7 @@ class Host:
         with self._lock:
             running = list(self.running)
         for pid in running:
-            _kill_group(pid)
+            signal_group(pid, signal.SIGKILL)
         self.pool.close()
         self._keeper.close()
         _say("ended: " + json.dumps({**self.counters, **self.pool.counters}))
@@ -222,13 +223,6 @@ def _try_send(conn: socket.socket, message: dict) -> bool:
         return True
     except OSError:
         return False
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _say(text: str) -> None:
