@@ -163,6 +163,7 @@ class JobSpec(msgspec.Struct, frozen=True):
     runtime: str = "agents"  # where the cluster runs it: a runtime's name in runtime/registry.py
     preload: tuple[str, ...] = ()  # modules a standby interpreter imports before it becomes an instance
     framework: str = ""  # pytorch, mpi, ...: for the jobs table (history --jobs) of a cluster job
+    runtime_options: str = ""  # the job file's engine section (kubernetes:), JSON, read by its runtime's package
 
     def role(self, name: str) -> RoleSpec:
         return next(r for r in self.roles if r.name == name)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import re
 import secrets
 import shlex
@@ -68,6 +69,8 @@ class JobDefinition:
     runtime: str = "agents"
     # Modules a standby interpreter imports before it becomes an instance (runtime/standby.py).
     preload: tuple[str, ...] = ()
+    # The job file's engine section (``kubernetes:``) as JSON, for its runtime's package to check and read.
+    runtime_options: str = ""
 
     def instances(self) -> tuple[InstanceSpec, ...]:
         specs = []
@@ -84,7 +87,7 @@ class JobDefinition:
         return JobSpec(roles=tuple(RoleSpec(r.name, r.count, r.command, r.env) for r in self.roles),
                        workdir=self.workdir or "", env=self.env, stop_grace_s=self.stop_grace_s,
                        checkpoint_dir=self.checkpoint_dir or "", runtime=self.runtime, preload=self.preload,
-                       framework=self.framework)
+                       framework=self.framework, runtime_options=self.runtime_options)
 
     def with_preload(self, modules: tuple[str, ...]) -> "JobDefinition":
         """The job with ``modules`` added to its preload list (``--preload``)."""
@@ -162,7 +165,7 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
     path = Path(path)
     top = Fields(load_yaml_file(path, Allowance(JOB_FILE)), path, "a job file",
                  known=("job_id", "framework", "args", "workdir", "env", "stop_grace_s", "roles",
-                        "checkpoint_dir", "preload"))
+                        "checkpoint_dir", "preload", "kubernetes"))
     framework = top.get("framework", str, "pytorch")
     if framework not in FRAMEWORKS:
         raise top.error("framework", f"'framework' must be one of {', '.join(FRAMEWORKS)}, not {quote(framework)}")
@@ -208,6 +211,7 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
             check_preload(tuple(preload_raw), "'preload'")
     except ConfigError as exc:
         raise top.error("preload", str(exc), exc.hint) from None
+    runtime_options = _engine_section(top)
     top.done()
     chosen = job_id or file_job_id
     final_id = check_job_id(chosen) if chosen else make_job_id(roles[0].command)
@@ -221,5 +225,14 @@ def load_job_file(path: str | Path, job_id: Optional[str] = None) -> JobDefiniti
         job_id=final_id, framework=framework, args=args, settings=settings, roles=tuple(roles),
         workdir=str(resolved), env=env, stop_grace_s=float(stop_grace), spot=tuple(bids),
         checkpoint_dir=str((path.parent / checkpoint_dir.replace("{job_id}", final_id)).resolve())
-        if checkpoint_dir else None, preload=preload,
+        if checkpoint_dir else None, preload=preload, runtime_options=runtime_options,
     )
+
+
+def _engine_section(top: Fields) -> str:
+    """The ``kubernetes:`` section as JSON for the spec ("" without one): a
+    mapping here; its runtime's package checks it strictly (at submit, and
+    again where the runtime is built), so this module imports no engine."""
+    if "kubernetes" not in top.mapping:
+        return ""
+    return json.dumps({"kubernetes": top.get("kubernetes", dict)}, sort_keys=True, default=str)

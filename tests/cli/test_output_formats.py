@@ -26,8 +26,8 @@ def test_history_formats(cli, store):
 
 
 def test_other_list_commands_take_the_same_options(cli):
-    assert cli("runtimes", "-o", "name").out.split() == ["local", "agents", "slurm"]
-    assert [r["name"] for r in json.loads(cli("runtimes", "-o", "json").out)] == ["local", "agents", "slurm"]
+    assert cli("runtimes", "-o", "name").out.split() == ["local", "agents", "slurm", "kubernetes"]
+    assert [r["name"] for r in json.loads(cli("runtimes", "-o", "json").out)] == ["local", "agents", "slurm", "kubernetes"]
     assert cli("runtimes", "--no-headers").out.splitlines()[0].split()[0] == "local"
     spot = ("simulate", "examples/spot-job.yaml", "--market", "examples/spot-market.yaml", "--bid", "0.3")
     assert cli(*spot, "-o", "name").out.splitlines() == ["as written", "discount 0.3"]

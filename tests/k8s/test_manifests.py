@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -234,6 +235,10 @@ def test_the_agent_daemonset_runs_trainwarden_agent_on_both_nodes_with_host_pids
     if state is None:
         pytest.skip("KUBECONFIG is not a deploy/k8s/local-k8s cluster's (its pod logs are mounted per node)")
     prefix = f"twtest-k8s-{uuid.uuid4().hex[:6]}"
+    # The agent refuses to start on topics that do not exist: made first, as an operator's kafka init does.
+    subprocess.run([sys.executable, "-m", "trainwarden.cli.main", "kafka", "init", "--partitions", "1",
+                    "--bootstrap", kafka], env={**os.environ, "TRAINWARDEN_TOPIC_PREFIX": prefix}, check=True,
+                   capture_output=True, timeout=60)
     k8s.create(codecs.from_dict(_local_agent_daemonset(namespace, kafka, prefix, state)))
     label = "app.kubernetes.io/component=agent"
 

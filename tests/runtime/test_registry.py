@@ -161,12 +161,12 @@ def far():
 
 def test_a_registered_kind_is_offered_to_submit_and_listed_by_trainwarden_runtimes(far, capsys):
     assert cli_main(["runtimes", "-o", "name"]) == 0
-    assert capsys.readouterr().out.split() == ["local", "agents", "slurm", "far"]
+    assert capsys.readouterr().out.split() == ["local", "agents", "slurm", "kubernetes", "far"]
     parser = build_parser()
     assert parser.parse_args(["submit", "--runtime", "far", "--", "true"]).runtime == "far"
     with pytest.raises(SystemExit):
         parser.parse_args(["submit", "--runtime", "local", "--", "true"])  # run's alone, never submitted
-    assert "'local' is not one of agents, slurm, far" in capsys.readouterr().err
+    assert "'local' is not one of agents, slurm, kubernetes, far" in capsys.readouterr().err
 
 
 def test_a_kinds_options_reach_the_actuator_and_agent_commands_with_their_environment_variables(monkeypatch, tmp_path):

@@ -531,6 +531,11 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
     job = dataclasses.replace(job, runtime=args.runtime, workdir=job.workdir or os.getcwd())
     if args.preload:
         job = job.with_preload(parse_preload(args.preload))
+    pre_submit = registry.runtime_kind(args.runtime).pre_submit
+    problem = pre_submit(args.job_file) if pre_submit is not None else ""
+    if problem:
+        # The runtime's engine cannot run it (its section, the cluster, a permission): nothing is submitted.
+        return fail(problem, code=2)
     if job.spot:
         # The cluster has no market service yet: a spot job must not silently run on ordinary capacity.
         return fail("spot jobs run in the embedded mode only for now",

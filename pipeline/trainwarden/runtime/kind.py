@@ -54,6 +54,9 @@ class RuntimeKind:
     runs_as: bool = False
     # The node agent's keyword arguments from its options, on this kind's nodes.
     agent_setup: Optional[Callable[[Mapping[str, Any]], dict]] = None
+    # Before ``submit`` sends a job of this kind: its job file (None for a command after --)
+    # -> "" when its engine can run it, else the one sentence (and hint) why not; submit exits 2.
+    pre_submit: Optional[Callable[[Optional[str]], str]] = None
 
     @property
     def capabilities(self) -> frozenset[Capability]:

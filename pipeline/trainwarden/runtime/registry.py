@@ -34,8 +34,9 @@ FALLBACK = AGENTS
 def _entries() -> tuple[RuntimeKind, ...]:
     # Imported when asked: the CLI builds its parser from the entries, not from every engine's client.
     from trainwarden.runtime.slurm.kind import KIND as SCHEDULER  # the registry's entry: runtime/slurm/
+    from trainwarden.runtime.kubernetes.kind import KIND as PODS  # the registry's entry: runtime/kubernetes/
 
-    return (LOCAL, AGENTS, SCHEDULER)
+    return (LOCAL, AGENTS, SCHEDULER, PODS)
 
 
 _REGISTERED: list[RuntimeKind] = []
