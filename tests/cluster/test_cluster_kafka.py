@@ -96,7 +96,11 @@ def test_a_killed_service_is_replaced_and_every_fault_is_recorded_exactly_once(s
     services.start(victim)
     out = _finish(services, proc)
     done = _done(services, job_id)
-    assert [(r["action"], r["round"]) for r in done] == [("restart_job", 0), ("restart_job", 1)], done
+    assert [(r["action"], r["round"]) for r in done if r["action"] == "restart_job"] == [
+        ("restart_job", 0), ("restart_job", 1)], done
+    # The same NCCL error twice on one node may also isolate that node (once): the node rule of
+    # engine/operational.py, when the placement spread the job over nodes.
+    assert [r["action"] for r in done if r["action"] != "restart_job"] in ([], ["isolate_node"]), done
     assert out.count("hello worker-0") == 3  # rounds 0, 1, 2: no double restart
 
 

@@ -41,7 +41,7 @@ def test_every_line_is_cut_at_16_kib_even_when_it_arrives_in_one_read(cli, job_i
     assert result.code == 0, result
     [line] = [x for x in result.out.splitlines() if x.startswith("[worker-0] yyy")]
     assert len(line) < 16 * 1024 + 40 and line.endswith("…[line truncated]")
-    assert "1 lines cut at 16 KiB" in result.err
+    assert "1 line cut at 16 KiB" in result.err
 
 
 def test_sighup_stops_every_instance_like_sigterm(store, job_id, cli):

@@ -62,7 +62,7 @@ from trainwarden.store.base import StoreError
 from trainwarden.store.records import DeadLetter, NodeEventRecord
 from trainwarden.limits import DEAD_LETTER_VALUE_CHARS
 from trainwarden.supervision.acting import FINAL, JobFacts, Supervisor
-from trainwarden.supervision.intake import dead_letter
+from trainwarden.supervision.intake import dead_letter as dead_letter_row
 from trainwarden.supervision.stack_reports import StackReports
 
 GROUP = f"{PREFIX}-actuator"
@@ -424,9 +424,9 @@ class ActuatorService:
         refused = Supervisor(UnplacedRuntime(), self.history, self.reports, facts, node="", clock=self.clock,
                              executed=self.executed)
         refused.write_job(JobStatus.FAILED, reason=Reason.INVALID_JOB.value)
-        self._write([dead_letter(decision.job_id, "actuator/decisions",
-                                 f"start_job refused, not run on the defaults: {problem}", decision.args,
-                                 self.clock())])
+        self._write([dead_letter_row(decision.job_id, "actuator/decisions",
+                                     f"start_job refused, not run on the defaults: {problem}", decision.args,
+                                     self.clock())])
 
     def _done(self, decision: Decision) -> None:
         spec = decision.spec if decision.kind is DecisionKind.START_JOB else None
@@ -447,11 +447,10 @@ class ActuatorService:
             try:
                 letter: DeadLetterMessage = decode(DEAD_LETTERS, record.value)
             except DecodeError as exc:
-                # Not even a dead letter: kept as one, as it came.
-                # The value cut before decoding: a flood of bytes costs what the bound allows.
-                rows.append(dead_letter("", "bus/" + record.topic, str(exc),
-                                        (record.value or b"")[:DEAD_LETTER_VALUE_CHARS].decode("utf-8", "replace"),
-                                        self.clock()))
+                # Not even a dead letter: kept as one, as it came (cut before
+                # decoding: a flood of bytes costs what the bound allows).
+                value = (record.value or b"")[:DEAD_LETTER_VALUE_CHARS].decode("utf-8", "replace")
+                rows.append(dead_letter_row("", "bus/" + record.topic, str(exc), value, self.clock()))
                 continue
             rows.append(DeadLetter(time=letter.time, source=f"{letter.service}/{letter.topic}",
                                    job_id=letter.key if letter.topic in (EVENTS, LOGS, DECISIONS) else "",
