@@ -162,7 +162,8 @@ def test_every_option_of_the_service_submit_and_nodes_commands_has_help_an_envir
                 continue
             assert action.help, f"{name} {action.dest} has no help"
             if action.option_strings:
-                assert "[env TRAINWARDEN_" in action.help or "[env SLURM_CONF]" in action.help, \
+                # The engines' own variables count: Slurm's SLURM_CONF, Kubernetes' KUBECONFIG.
+                assert any(f"[env {name}" in action.help for name in ("TRAINWARDEN_", "SLURM_CONF]", "KUBECONFIG]")), \
                     f"{name} {action.option_strings[0]}: {action.help}"
     for name in ("agent", "processor", "actuator", "notifier"):
         options = {o for a in commands[name]._actions for o in a.option_strings}
@@ -173,7 +174,7 @@ def test_every_option_of_the_service_submit_and_nodes_commands_has_help_an_envir
 def test_the_examples_in_the_help_of_the_cluster_commands_parse(name):
     epilog = _subparsers(build_parser())[name].epilog
     checked = 0
-    for line in epilog.split("\n")[1:]:
+    for line in epilog.split("\n\n")[0].split("\n")[1:]:  # the examples: the --args flags follow
         words = shlex.split(line.split("|")[0], comments=True)
         while words and "=" in words[0] and not words[0].startswith("-"):
             words.pop(0)  # VARIABLE=value before the command
