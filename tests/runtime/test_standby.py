@@ -313,3 +313,29 @@ def test_spares_wait_while_the_instances_still_load_modules_under_the_preload_pa
     # Not 0.5 s after the start: 1.5 s after the last of the four modules (about 1.5 s in).
     assert time.monotonic() - started >= 2.5, made.counters
     standby.popen.wait(30)
+
+
+@pytest.fixture
+def descriptors_past_select_limit():
+    """Hold the low descriptor numbers, as a long-lived agent (or a whole test
+    session) does, so the pool's pipes are numbered past select()'s 1024."""
+    import resource
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"the open-files limit is {soft}; this needs 1200")
+    held = []
+    while not held or held[-1] < 1100:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+    yield
+    for fd in held:
+        os.close(fd)
+
+
+def test_a_pool_in_a_process_with_more_than_1024_descriptors_still_serves_standbys(
+        descriptors_past_select_limit, pool, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("import sys; print('ran'); sys.exit(4)\n")
+    made = pool()
+    code, out, err = _run(made, [sys.executable, str(script)], _env(tmp_path), tmp_path)
+    assert code == 4 and out == "ran\n", err
+    assert not [line for line in made.said if "Error" in line], made.said

@@ -359,8 +359,11 @@ def keep(source: int = 0) -> int:
     _die_with_parent(signal.SIGUSR1)
     watched = _Watched()
     pending = b""
+    poller = select.poll()  # not select: no limit on the descriptors' numbers
+    poller.register(source, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
     while True:
-        ready, _, _ = select.select([source, wake_r], [], [], _PARENT_CHECK_S)
+        ready = {fd for fd, _ in poller.poll(_PARENT_CHECK_S * 1000)}
         if wake_r in ready:
             os.read(wake_r, 256)
         if os.getppid() != parent:

@@ -85,8 +85,7 @@ class Standby:
             return self.popen.poll() is None
         if self.failure:
             return False
-        readable, _, _ = select.select([self.ready], [], [], 0)
-        if not readable:
+        if not _readable_now(self.ready):
             return None if self.popen.poll() is None else False
         try:
             said = os.read(self.ready, 1024)
@@ -133,8 +132,7 @@ class Standby:
         with self.fds_lock:
             if self.ready < 0:
                 return ""
-            readable, _, _ = select.select([self.ready], [], [], 0)
-            if not readable:
+            if not _readable_now(self.ready):
                 return None
             try:
                 said = os.read(self.ready, 1024)
@@ -504,6 +502,14 @@ def _last_words(standby: Standby) -> str:
             text = ""
     code = standby.popen.returncode
     return f"exited with code {code}" + (f" ({text[:300]})" if text else "")
+
+
+def _readable_now(fd: int) -> bool:
+    """poll, not select: a busy process (an agent with many jobs, a test
+    session) has descriptors past select's 1024 limit."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _close(fd: int) -> None:

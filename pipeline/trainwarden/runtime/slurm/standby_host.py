@@ -152,10 +152,13 @@ class Host:
     def _wait(self, conn: socket.socket, popen) -> int:
         """The instance's exit code; its group is killed if the task's connection ends first."""
         pidfd = os.pidfd_open(popen.pid)
+        # poll, not select: a host serving many tasks has descriptors past 1024.
+        poller = select.poll()
+        poller.register(conn, select.POLLIN)
+        poller.register(pidfd, select.POLLIN)
         try:
-            watched = [conn, pidfd]
             while True:
-                ready, _, _ = select.select(watched, [], [])
+                ready = {fd for fd, _ in poller.poll()}
                 if pidfd in ready:
                     return popen.wait()
                 try:
@@ -165,7 +168,7 @@ class Host:
                 if not data:
                     self.counters["dropped"] += 1
                     signal_group(popen.pid, signal.SIGKILL)
-                    watched = [pidfd]
+                    poller.unregister(conn)
         finally:
             os.close(pidfd)
 
