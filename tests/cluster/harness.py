@@ -10,7 +10,7 @@ from trainwarden.bus import topic_specs
 from trainwarden.events import Decision, LogLine
 from trainwarden.rules.loader import load_rules
 from trainwarden.services.actuator_service import ActuatorService
-from trainwarden.runtime.slurm.adopt import adopter
+from trainwarden.runtime import registry
 from trainwarden.services.agent import Agent
 from trainwarden.services.follow import Follower, submit
 from trainwarden.services.loop import serve
@@ -41,21 +41,25 @@ class Service:
 
 class LocalCluster:
     def __init__(self, bus, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 3.0,
-                 slurm=None, sites=None):
+                 slurm=None, sites=None, node_names=None, agent_options=None):
         """slurm: a SlurmSite; the agents are then those of the Slurm nodes n1..n3.
-        sites: more runtimes the actuator reaches, by kind (runtime/registry.py)."""
+        sites: more runtimes the actuator reaches, by kind (runtime/registry.py);
+        node_names: the agents' nodes (an engine's own node names); agent_options:
+        the agents' runtime options (``trainwarden agent``'s, by dest), set up
+        through the registry as the command does."""
         self.bus = bus
         self.tmp = tmp
         self.store = tmp / "store"
         bus.create_topics(topic_specs(4))
-        names = [f"n{i + 1}" if slurm else f"node-{i}" for i in range(nodes)]
+        names = list(node_names or (f"n{i + 1}" if slurm else f"node-{i}" for i in range(nodes)))
+        options = {**({"slurm_dir": str(slurm.directory)} if slurm else {}), **(agent_options or {})}
         # Each node's C4D log: the trusted diagnostic channel of its agent.
         self.c4d_logs = {name: tmp / f"c4d-{name}.log" for name in names}
         for path in self.c4d_logs.values():
             path.touch()
         self.agents = {name: Service(f"agent-{name}", Agent(bus, name, slots, tmp / f"logs-{name}",
                                                             address="127.0.0.1", c4d_log=self.c4d_logs[name],
-                                                            adopters=[adopter(slurm.directory, name)] if slurm else ()))
+                                                            **registry.agent_setup({**options, "node": name})))
                        for name in names}
         self.processor = Service("processor", Processor(bus, load_rules()))
         self.actuator = Service("actuator", ActuatorService(bus, open_writer(self.store),

@@ -19,22 +19,10 @@ from trainwarden.runtime.inbox import Inbox
 from trainwarden.runtime.nodehost import NODE_VARIABLES, NodeHost, StartOrder, StopOrder, planned_env
 from trainwarden.runtime.stopping import alive, stop_process_groups
 
+from tests.runtime.recording import RecordingOutput
+
 JOB = "job-1"
 SPEC = InstanceSpec(name="worker-0", role="worker", index=0, rank=0)
-
-
-class _Output:
-    def __init__(self):
-        self.started, self.lines, self.exited = [], [], []
-
-    def on_started(self, event):
-        self.started.append(event)
-
-    def on_lines(self, running, lines):
-        self.lines.extend(line.text for line in lines)
-
-    def on_exited(self, event):
-        self.exited.append(event)
 
 
 class _ProcessAdopter:
@@ -63,7 +51,14 @@ class _ProcessAdopter:
         found, self.events = found + self.events, []
         return found
 
-    def stop(self, pids, grace_s):
+    def claims(self, asked):
+        return False
+
+    def launch(self, launch):
+        raise AssertionError("never claimed")
+
+    def stop(self, stopped, grace_s):
+        pids = [item.pid for item in stopped]
         self.stopped.extend(pids)
         stop_process_groups(pids, grace_s)
 
@@ -92,7 +87,7 @@ def _drain_until(host: NodeHost, inbox: Inbox, predicate, timeout_s: float = 15.
 
 
 def test_a_stop_hands_in_the_stacks_while_the_instance_is_alive_and_only_then_ends_it(tmp_path):
-    inbox, output, seen = Inbox(), _Output(), []
+    inbox, output, seen = Inbox(), RecordingOutput(), []
     host, control = _host(tmp_path, inbox, output=output,
                           dumps_to=lambda job, report, dumps, missing: seen.append(
                               (report, missing, alive(host.running[(JOB, "worker-0")].pid))))
@@ -110,7 +105,7 @@ def test_a_stop_hands_in_the_stacks_while_the_instance_is_alive_and_only_then_en
 
 
 def test_a_process_another_engine_started_is_adopted_followed_and_stopped_through_its_engine(tmp_path):
-    inbox, output, engine = Inbox(), _Output(), _ProcessAdopter()
+    inbox, output, engine = Inbox(), RecordingOutput(), _ProcessAdopter()
     host, control = _host(tmp_path, inbox, output=output, adopters=[lambda address: engine])
     process = subprocess.Popen(["sleep", "60"], start_new_session=True,
                                env={"PATH": os.environ["PATH"], "TRAINWARDEN_TOKEN": "token-1"})
@@ -144,7 +139,7 @@ def test_a_process_another_engine_started_is_adopted_followed_and_stopped_throug
 
 
 def test_a_start_of_an_incarnation_older_than_one_stopped_here_never_runs(tmp_path):
-    inbox, output = Inbox(), _Output()
+    inbox, output = Inbox(), RecordingOutput()
     host, control = _host(tmp_path, inbox, output=output)
     try:
         assert host.start(_order("print('new')", round_=2, start=2))

@@ -6,11 +6,18 @@ runtime, so a scenario is written once (tests/scenarios/test_scenarios.py).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -87,6 +94,11 @@ def run(runtime: str, tmp: Path, definition: JobDefinition, trigger: Optional[Tr
     definition = dataclasses.replace(definition, runtime=kind.name)
     if runtime == "slurm":  # its agents are those of the Slurm nodes, its site the cluster CI starts
         return _run_agents(tmp, definition, trigger, timeout_s, slurm=slurm or slurm_site(tmp))
+    if runtime == "kubernetes":  # its agents are those of the Kubernetes nodes CI starts, adopting the pods
+        with kube_site(tmp) as (site, agent_options, section):
+            definition = dataclasses.replace(definition, runtime_options=json.dumps({"kubernetes": section}))
+            return _run_agents(tmp, definition, trigger, timeout_s, sites={"kubernetes": site},
+                               node_names=KUBE_NODES, agent_options=agent_options)
     # Any other kind: the site its entry builds without options.
     site = kind.site({}, None)
     if site is None:  # else its jobs would run on the fallback, and prove nothing of it
@@ -105,6 +117,61 @@ def slurm_site(tmp: Path, run_as=None, python: str = sys.executable):
     from trainwarden.runtime.slurm.runtime import SlurmSite
 
     return SlurmSite(SlurmCli(os.environ["SLURM_CONF"], run_as=run_as), tmp / "slurm", python=python)
+
+
+KUBE_NODES = ("tw-k8s-1", "tw-k8s-2")  # deploy/k8s/local-k8s's kubelets
+KUBE_IMAGE = "trainwarden.local/workload:1"
+_ROOT = Path(__file__).resolve().parents[2]
+_kube_namespaces: dict[str, str] = {}  # kubeconfig -> this session's namespace there
+
+
+@contextlib.contextmanager
+def kube_site(tmp: Path):
+    """The local Kubernetes cluster CI starts (deploy/k8s/local-k8s), or a skip
+    saying how to get one: the actuator's site (its starts go to the node
+    agents, which hand them to the pods' hosts), the agents' options, and
+    the job file's ``kubernetes:`` section. The nodes are uncordoned after."""
+    if os.environ.get("TRAINWARDEN_K8S") != "1" or not os.environ.get("KUBECONFIG"):
+        pytest.skip("no Kubernetes cluster: eval \"$(deploy/k8s/local-k8s start)\" and export TRAINWARDEN_K8S=1 "
+                    "(.ci/run does)")
+    from trainwarden.runtime.kubernetes.api import KubeApi
+    from trainwarden.runtime.kubernetes.drivers import AgentPodDriver
+    from trainwarden.runtime.kubernetes.runtime import KubeSite, uncordon
+    from trainwarden.runtime.kubernetes.section import HostPath, KubernetesSection
+
+    api = KubeApi.connect(os.environ["KUBECONFIG"])
+    # Short paths (/tmp): the pod hosts' and agents' sockets are in them.
+    state, agents = (Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")) for prefix in ("twk-", "twa-"))
+    paths = {"/usr", sys.base_prefix, str(_ROOT), str(tmp)}  # the interpreter, the program, the checkpoints
+    section = KubernetesSection(image=KUBE_IMAGE, namespace=_kube_namespace(api), image_pull_policy="Never",
+                                host_paths=tuple(HostPath(p) for p in sorted(paths)))
+    site = KubeSite(api=api, driver=AgentPodDriver(), python=sys.executable, state_dir=str(state),
+                    rendezvous_by_name=True, agent_dir=str(agents))
+    try:
+        yield site, {"k8s_state_dir": str(state), "k8s_agent_dir": str(agents)}, section.to_wire()
+    finally:
+        for node in KUBE_NODES:
+            uncordon(api, node)
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(agents, ignore_errors=True)
+
+
+def _kube_namespace(api) -> str:
+    """One namespace for this test session's jobs, deleted when it ends."""
+    kubeconfig = os.environ["KUBECONFIG"]
+    if kubeconfig not in _kube_namespaces:
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Namespace, ServiceAccount
+
+        name = f"twtest-scenarios-{uuid.uuid4().hex[:6]}"
+        api.client.create(Namespace(metadata=ObjectMeta(name=name)))
+        atexit.register(lambda: api.client.delete(Namespace, name))
+        deadline = time.monotonic() + 60
+        while not any(True for _ in api.client.list(ServiceAccount, namespace=name)):  # pods need its default one
+            assert time.monotonic() < deadline, f"namespace {name} got no default ServiceAccount in 60 s"
+            time.sleep(0.2)
+        _kube_namespaces[kubeconfig] = name
+    return _kube_namespaces[kubeconfig]
 
 
 def cancel_slurm_jobs(job_id: str) -> None:
@@ -155,11 +222,11 @@ def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger],
 
 
 def _run_agents(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger], timeout_s: float,
-                slurm=None, sites=None) -> Outcome:
+                slurm=None, sites=None, node_names=None, agent_options=None) -> Outcome:
     from tests.cluster.harness import LocalCluster
 
     bus = MemoryBus()
-    cluster = LocalCluster(bus, tmp, slurm=slurm, sites=sites)
+    cluster = LocalCluster(bus, tmp, slurm=slurm, sites=sites, node_names=node_names, agent_options=agent_options)
     lines: list[LogLine] = []
     try:
         follower = Follower(bus, definition.job_id)

@@ -5,7 +5,10 @@ launcher, a Kubernetes pod); the node host then follows them like its own,
 but only once their incarnation is proven: the actuator announces the
 incarnations it issued tokens for (``expect``), and the engine's own package
 (``runtime/<engine>/``) checks that a process on this node really is one of
-them. The node host knows no engine: it takes a list of adopters.
+them. Other engines start a process only when asked, in a place of their
+own (a pod's host): the node host hands such a start to the adopter that
+claims it (``launch``) and adopts what it started. The node host knows no
+engine: it takes a list of adopters.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import Callable, Hashable, Optional, Protocol, Sequence
+from typing import Callable, Hashable, Mapping, Optional, Protocol, Sequence
 
 from trainwarden.runtime.control import Incarnation
 
@@ -28,6 +31,25 @@ class Adopted:
     key: Hashable  # the adopter's own name for it
 
 
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """A start the node host hands to the engine that runs it (``Adopter.launch``)."""
+
+    incarnation: Incarnation
+    token: str  # issued by the node's SDK endpoint; its process proves itself with it
+    command: tuple[str, ...]
+    env: Mapping[str, str]  # the whole incarnation environment (nodehost.incarnation_env)
+    workdir: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Stopped:
+    """An adopted incarnation to stop, and its process (0: not proven yet)."""
+
+    incarnation: Incarnation
+    pid: int
+
+
 class Adopter(Protocol):
     """One engine's way of finding, proving and stopping the processes it
     started on this node."""
@@ -35,14 +57,24 @@ class Adopter(Protocol):
     def expect(self, job_id: str, incarnations: Sequence[tuple[str, int, int, str]]) -> None:
         """The actuator announced these incarnations: (instance, round, start, token digest)."""
 
+    def claims(self, asked: Mapping[str, str]) -> bool:
+        """A start whose job variables (``asked``) say it runs in a place of
+        this engine's (a pod's uid): the node host hands it to ``launch``
+        instead of starting a process itself."""
+
+    def launch(self, launch: Launch) -> None:
+        """Start a claimed incarnation where it belongs (at once, or once its
+        place can take it); its ``Adopted`` and events come from ``poll``."""
+
     def poll(self) -> list:
         """What happened since: an ``Adopted`` first for each newly proven
         process, then InstanceStarted, LogLine and InstanceExited events of
         adopted incarnations, as the node host's own processes give them."""
 
-    def stop(self, pids: Sequence[int], grace_s: float) -> None:
-        """SIGTERM these adopted processes' trees, SIGKILL what is left after
-        the grace period; returns once done."""
+    def stop(self, stopped: Sequence[Stopped], grace_s: float) -> None:
+        """SIGTERM these adopted incarnations' trees, SIGKILL what is left
+        after the grace period; returns once done. One launched but not
+        started yet never starts."""
 
 
 # Built once the node's SDK endpoint listens: told its address (the

@@ -35,7 +35,7 @@ from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from trainwarden.clock import now as clock_now
 from trainwarden.events import Event, InstanceExited, InstanceSpec, InstanceStarted, LogLine
-from trainwarden.runtime.adoption import Adopted, Adopter, AdopterFactory
+from trainwarden.runtime.adoption import Adopted, Adopter, AdopterFactory, Launch, Stopped
 from trainwarden.runtime.control import ControlServer, Incarnation
 from trainwarden.runtime.environment import instance_env, sdk_import_dir
 from trainwarden.runtime.local import LocalRuntime
@@ -231,13 +231,19 @@ class NodeHost:
             return False
         self._newest[key] = incarnation
         waits_for = self._cancel_held(key)  # a held older start never runs; this one waits for what it waited for
-        runtime = self.runtime(order.job_id, order.preload)
+        # Another engine's place runs it (a pod): handed over, not started here.
+        launcher = next((adopter for adopter in self.adopters if adopter.claims(order.env)), None)
+        runtime = self.runtime(order.job_id, order.preload) if launcher is None else None
         self._retire(key)
-        token = self.control.issue_token(Incarnation(order.job_id, order.spec.name, order.round, order.start))
-        env = incarnation_env(order, token, self.sdk_path, base=os.environ, control_address=self.control.address,
-                              node=self.node)
+        inc = Incarnation(order.job_id, order.spec.name, order.round, order.start)
+        token = self.control.issue_token(inc)
+        if launcher is None:
+            env = incarnation_env(order, token, self.sdk_path, base=os.environ, control_address=self.control.address,
+                                  node=self.node)
+        else:  # nothing of this machine's environment or paths: the place has its own
+            env = incarnation_env(order, token, "", base={}, control_address=self.control.address, node=self.node)
         self.running[key] = Running(order.job_id, order.spec.name, order.round, order.start, token=token,
-                                    last_output=self.clock())
+                                    last_output=self.clock(), adopter=launcher)
         self.counters.starts += 1
         under_way = self._stopping.get(key)
         if under_way is not None and under_way[1] not in waits_for:
@@ -245,6 +251,9 @@ class NodeHost:
         waits_for = [thread for thread in waits_for if thread.is_alive()]
 
         def launch() -> None:
+            if launcher is not None:
+                launcher.launch(Launch(inc, token, tuple(order.command), env, order.workdir or ""))
+                return
             # Whatever incarnation of the instance still runs here is older:
             # stopped first (the runtime keeps one process per instance, and
             # one it lost track of would outlive every stop).
@@ -297,6 +306,12 @@ class NodeHost:
         """A process another engine started, proven to be this incarnation: ours from now on."""
         inc = adopted.incarnation
         key = (inc.job_id, inc.instance)
+        current = self.running.get(key)
+        if current is not None and current.token == adopted.token and current.adopter is adopter:
+            # One it launched (``start``): its process is now proven.
+            current.pid = adopted.pid
+            self.control.bind(adopted.token, adopted.pid)
+            return
         self._retire(key)
         self.control.accept_token(adopted.token, inc, adopted.pid)
         self.running[key] = Running(inc.job_id, inc.instance, inc.round, inc.start, pid=adopted.pid,
@@ -376,12 +391,13 @@ class NodeHost:
                 self._dumps_to(order.job_id, order.report_id, dumps, missing)
         # The targeted incarnation, even one a newer one of its instance
         # replaced meanwhile (a lone restart's step overlaps the old one's).
-        by_adopter: dict[int, tuple[Adopter, list[int]]] = {}
+        by_adopter: dict[int, tuple[Adopter, list[Stopped]]] = {}
         for r in found.values():
             if r.adopter is not None:
-                by_adopter.setdefault(id(r.adopter), (r.adopter, []))[1].append(r.pid)
-        for adopter, pids in by_adopter.values():
-            adopter.stop(pids, order.grace_s)
+                by_adopter.setdefault(id(r.adopter), (r.adopter, []))[1].append(
+                    Stopped(Incarnation(r.job_id, r.instance, r.round, r.start), r.pid))
+        for adopter, stopped in by_adopter.values():
+            adopter.stop(stopped, order.grace_s)
         own = [name for name in targets if not (name in found and found[name].adopter is not None)]
         if own and runtime is not None:
             runtime.stop(own, order.grace_s, targets)

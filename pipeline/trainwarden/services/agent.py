@@ -71,9 +71,12 @@ class Agent:
     def __init__(self, bus: Bus, node: str, slots: int, log_dir: Path, address: str = "",
                  clock: Callable[[], float] = clock_now, ship_logs: bool = True, c4d_log: Optional[Path] = None,
                  adopters: Sequence[AdopterFactory] = (), c4d_socket: Optional[Path] = None,
-                 run_as: Optional[RunAs] = None, log_limits: LogFileLimits = LogFileLimits()):
+                 run_as: Optional[RunAs] = None, log_limits: LogFileLimits = LogFileLimits(),
+                 control_path: Optional[Path] = None):
         """``adopters``: the engines whose processes on this node the agent
-        follows once proven (``runtime/adoption.py``)."""
+        follows once proven (``runtime/adoption.py``); ``control_path``: where
+        its SDK endpoint listens, when the instances must find it at a known
+        path (a pod mounts its directory); else a private directory."""
         self.node = node
         self.run_as = run_as  # the user its instances run as (runtime/run_as.py)
         # False when Vector ships the log files: every line would arrive twice.
@@ -86,7 +89,7 @@ class Agent:
         self.inbox = Inbox()
         self.control = ControlServer(deliver=self.inbox.put,
                                      on_refused=lambda reason, raw: self.inbox.put(("refused", reason, raw)),
-                                     adopts=bool(adopters))
+                                     path=_endpoint(control_path), adopts=bool(adopters))
         if run_as is not None:
             run_as.share_socket(self.control.path)
         tools, timeout = configured()
@@ -307,3 +310,10 @@ def _own_address() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def _endpoint(path: Optional[Path]) -> Optional[Path]:
+    if path is not None:
+        # Entered by the jobs' processes to reach the socket (which grants nothing by itself: control.py).
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    return path

@@ -116,10 +116,16 @@ class SlurmTasks:
         out.append(InstanceStarted(job_id=incarnation.job_id, time=now, instance=incarnation.instance,
                                    round=incarnation.round, start=incarnation.start, node=self.node, pid=pid))
 
-    def stop(self, pids: list[int], grace_s: float) -> None:
+    def claims(self, asked) -> bool:
+        return False  # Slurm starts its tasks itself: the node host is never asked to
+
+    def launch(self, launch) -> None:
+        raise AssertionError("Slurm's tasks are started by srun, never launched by the node host")
+
+    def stop(self, stopped, grace_s: float) -> None:
         """SIGTERM to each task's process group (task.py starts the command in
         a group of its own), SIGKILL to what is left after the grace period."""
-        stop_process_groups(pids, grace_s)
+        stop_process_groups([item.pid for item in stopped if item.pid], grace_s)
 
 
 def _token(started: TaskStarted) -> tuple[Optional[str], int]:
