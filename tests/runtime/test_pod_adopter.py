@@ -76,8 +76,10 @@ def _until(host: NodeHost, predicate, timeout_s: float = 20.0) -> None:
     raise AssertionError("timed out")
 
 
-PRINTS = ("import os; print('round', os.environ['TRAINWARDEN_RESTART_ROUND'], os.environ['JOB_OWN'], "
-          "len(os.environ['TRAINWARDEN_TOKEN']) > 20, 'AGENT_ONLY' in os.environ, flush=True)")
+# Its round, a job variable, a token, whether the agent's own environment leaked in, and where the SDK comes from.
+PRINTS = ("import os, trainwarden.sdk.job_monitor as jm; print('round', os.environ['TRAINWARDEN_RESTART_ROUND'], "
+          "os.environ['JOB_OWN'], len(os.environ['TRAINWARDEN_TOKEN']) > 20, 'AGENT_ONLY' in os.environ, "
+          "jm.__file__.split(os.sep)[-4], flush=True)")
 
 
 def test_a_start_naming_a_pod_waits_for_its_host_then_runs_there_with_the_node_hosts_token(node, monkeypatch):
@@ -90,9 +92,10 @@ def test_a_start_naming_a_pod_waits_for_its_host_then_runs_there_with_the_node_h
     assert output.started == [] and (JOB, "worker-0") in host.running  # the pod's host does not listen yet
     start_pod_host()
     _until(host, lambda: output.exited)
-    # Its environment: the job's variables and the incarnation's token, nothing of the agent's own.
-    assert output.lines == [(0, "round 0 yes True False")]
-    assert output.exited[0].exit_code == 0 and output.exited[0].tail == ("round 0 yes True False",)
+    # The job's variables, the incarnation's token, nothing of the agent's own environment, and the
+    # SDK from the node's copy (a pod's image need not have Trainwarden).
+    assert output.lines == [(0, "round 0 yes True False sdk-path")]
+    assert output.exited[0].exit_code == 0 and output.exited[0].tail == ("round 0 yes True False sdk-path",)
     assert (JOB, "worker-0") not in host.running
 
 
@@ -105,7 +108,7 @@ def test_a_restart_stops_the_incarnation_through_its_pod_host_and_runs_the_next_
     assert host.start(_order(PRINTS, round_=1))  # held until the stop is done
     _until(host, lambda: len(output.exited) == 2)
     assert [(e.round, e.exit_code) for e in output.exited] == [(0, 128 + 15), (1, 0)]
-    assert output.lines[-1] == (1, "round 1 yes True False")
+    assert output.lines[-1] == (1, "round 1 yes True False sdk-path")
     assert pod.poll() is None  # the same pod host: restarted in place
 
 

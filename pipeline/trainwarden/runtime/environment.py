@@ -4,7 +4,9 @@ Trainwarden's own, on top of the caller's environment."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 from typing import Mapping
 
@@ -87,13 +89,34 @@ def job_env(spec: JobSpec, role: RoleSpec, settings: JobSettings) -> dict[str, s
 
 
 def sdk_import_dir(run_dir: Path) -> str:
-    """A directory holding only a link to this package, so that any Python the
-    job uses can ``import trainwarden.sdk.job_monitor`` without the rest of our
-    site-packages leaking into the job's imports."""
-    package = Path(__file__).resolve().parent.parent
+    """A directory holding a copy of the SDK alone (``trainwarden.sdk``: the
+    standard library is all it imports), so that any Python the job uses can
+    ``import trainwarden.sdk.job_monitor``: in a container image that has no
+    Trainwarden, on a node where this package lives elsewhere, and without
+    the rest of our site-packages leaking into the job's imports."""
+    sdk = Path(__file__).resolve().parent.parent / "sdk"
     target = run_dir / "sdk-path"
-    target.mkdir(parents=True, exist_ok=True)
-    link = target / "trainwarden"
-    if not link.exists():
-        link.symlink_to(package, target_is_directory=True)
+    sources = sorted(sdk.glob("*.py"))
+    copied = target / "trainwarden" / "sdk"
+    if all((copied / source.name).is_file() and (copied / source.name).read_bytes() == source.read_bytes()
+           for source in sources):
+        return str(target)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=".sdk-path-", dir=run_dir))
+    (fresh / "trainwarden" / "sdk").mkdir(parents=True)
+    (fresh / "trainwarden" / "__init__.py").write_text("")
+    for source in sources:
+        shutil.copyfile(source, fresh / "trainwarden" / "sdk" / source.name)
+    for directory, _, files in os.walk(fresh):
+        os.chmod(directory, 0o755)
+        for name in files:
+            os.chmod(os.path.join(directory, name), 0o644)
+    old = run_dir / f".sdk-path-old-{os.getpid()}"
+    if target.exists() or target.is_symlink():
+        os.rename(target, old)  # an older copy (or the link earlier versions made)
+    try:
+        os.rename(fresh, target)
+    except OSError:  # another process put one there meanwhile: the same files
+        shutil.rmtree(fresh, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
     return str(target)

@@ -240,8 +240,9 @@ class NodeHost:
         if launcher is None:
             env = incarnation_env(order, token, self.sdk_path, base=os.environ, control_address=self.control.address,
                                   node=self.node)
-        else:  # nothing of this machine's environment or paths: the place has its own
-            env = incarnation_env(order, token, "", base={}, control_address=self.control.address, node=self.node)
+        else:  # nothing of this machine's environment: the place has its own (the SDK's copy it mounts)
+            env = incarnation_env(order, token, self.sdk_path, base={}, control_address=self.control.address,
+                                  node=self.node)
         self.running[key] = Running(order.job_id, order.spec.name, order.round, order.start, token=token,
                                     last_output=self.clock(), adopter=launcher)
         self.counters.starts += 1

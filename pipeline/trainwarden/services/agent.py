@@ -93,8 +93,11 @@ class Agent:
         if run_as is not None:
             run_as.share_socket(self.control.path)
         tools, timeout = configured()
+        sdk_dir = sdk_home() if run_as is not None else self.log_dir / ".sdk"
+        if control_path is not None:
+            sdk_dir = control_path.parent  # the SDK's copy beside the endpoint: the pods mount both
         self.host = NodeHost(
-            node, self.control, self.inbox.put, sdk_home() if run_as is not None else self.log_dir / ".sdk",
+            node, self.control, self.inbox.put, sdk_dir,
             output=self, line_sink=self.inbox.offer_line, run_as=run_as,
             say=lambda job, text: _log.info("job %s: %s", job, text), adopters=adopters, stack_tools=tools,
             stack_timeout_s=timeout, log_dir=self.log_dir, log_limits=log_limits, counters=self.counters,
