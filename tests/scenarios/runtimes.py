@@ -142,9 +142,10 @@ def kube_site(tmp: Path):
     api = KubeApi.connect(os.environ["KUBECONFIG"])
     # Short paths (/tmp): the pod hosts' and agents' sockets are in them.
     state, agents = (Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")) for prefix in ("twk-", "twa-"))
-    paths = {"/usr", sys.base_prefix, str(_ROOT), str(tmp)}  # the interpreter, the program, the checkpoints
+    # The interpreter, the program, and the checkpoints (writable).
+    paths = (HostPath("/usr"), HostPath(sys.base_prefix), HostPath(str(_ROOT)), HostPath(str(tmp), writable=True))
     section = KubernetesSection(image=KUBE_IMAGE, namespace=_kube_namespace(api), image_pull_policy="Never",
-                                host_paths=tuple(HostPath(p) for p in sorted(paths)))
+                                host_paths=paths)
     site = KubeSite(api=api, driver=AgentPodDriver(), python=sys.executable, state_dir=str(state),
                     rendezvous_by_name=True, agent_dir=str(agents))
     try:
