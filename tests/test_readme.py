@@ -153,3 +153,33 @@ def test_the_slurm_quick_start_runs_as_written(tmp_path):
     assert "succeeded (all_instances_succeeded); 2 job restarts" in done.stderr, done.stderr[-3000:]
     # Through Slurm, not the agents alone: the actuator's plans and the tasks' output are in the --slurm-dir.
     assert any((tmp_path / "tw-slurm").rglob("*")), "nothing in ~/tw-slurm: the job did not run through Slurm"
+
+
+
+K8S_START = 'deploy/k8s/local-k8s install && eval "$(deploy/k8s/local-k8s start)"'
+K8S_POD_HOSTS = Path("/tmp/tw-pods")  # the README's --k8s-state-dir
+
+
+def test_the_kubernetes_quick_start_runs_as_written(tmp_path):
+    import os
+    import shutil
+    import uuid
+
+    if os.environ.get("TRAINWARDEN_K8S") != "1" or not os.environ.get("KUBECONFIG"):
+        pytest.skip("no Kubernetes cluster: eval \"$(deploy/k8s/local-k8s start)\" and export TRAINWARDEN_K8S=1 "
+                    "(.ci/run does)")
+    bootstrap = _kafka()
+    (tmp_path / "deploy" / "k8s").mkdir(parents=True)
+    shutil.copy2(ROOT / "deploy" / "k8s" / "local-job-file", tmp_path / "deploy" / "k8s")
+    pods_before = set(K8S_POD_HOSTS.iterdir()) if K8S_POD_HOSTS.is_dir() else set()
+    done = _run_quickstart("kubernetes", tmp_path, {K8S_START: "true  # the test's cluster: $KUBECONFIG",
+                                                    BROKER_START: "true  # the test's broker",
+                                                    BROKER_EXPORT: f"export TRAINWARDEN_KAFKA={bootstrap}"},
+                           {"TRAINWARDEN_KAFKA": bootstrap, "TRAINWARDEN_K8S": "1",
+                            "TRAINWARDEN_TOPIC_PREFIX": f"rq{uuid.uuid4().hex[:8]}"}, timeout=600)
+    assert "succeeded (all_instances_succeeded); 2 job restarts" in done.stderr, done.stderr[-3000:]
+    # In pods: each pod's host ran the rounds, in place (one directory per pod, an output file per round).
+    pods = set(K8S_POD_HOSTS.iterdir()) - pods_before
+    assert len(pods) == 2, pods
+    rounds = [sorted(p.name.split("s")[0] for p in pod.glob("r*s*.out")) for pod in pods]
+    assert rounds == [["r0", "r1", "r2"]] * 2, rounds

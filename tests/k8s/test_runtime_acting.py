@@ -201,3 +201,24 @@ def test_through_the_agents_each_run_is_a_start_for_the_pods_node_naming_the_pod
         env = dict(start.env)
         assert uids[env["TRAINWARDEN_POD_UID"]] == start.node  # the agent of the pod's node, for that pod
         assert (start.round, start.master_addr) == (0, "127.0.0.1") and "TRAINWARDEN_TOKEN" not in env
+
+
+def test_a_rounds_instances_start_together_once_every_pod_of_it_runs():
+    server = MemoryApiserver()
+    runtime, port, driver, events, clock = _runtime(server)
+    server.nodes["n1"]["spec"]["unschedulable"] = True
+    server.nodes["n2"]["spec"]["unschedulable"] = True  # nothing can be scheduled yet: every pod Pending
+    _round(runtime, port, clock, 0)
+    assert len(server.pods) == 2 and driver.runs == []
+    first = next(iter(server.pods.values()))
+    first["spec"]["nodeName"], first["status"]["phase"] = "n1", "Running"  # one pod runs, the other does not
+    for _ in range(3):
+        clock.advance(1.0)
+        events.poll()
+    assert driver.runs == []  # no rank starts alone
+    for pod in server.pods.values():
+        pod["spec"]["nodeName"], pod["status"]["phase"] = "n1", "Running"
+    for _ in range(3):
+        clock.advance(1.0)
+        events.poll()
+    assert sorted((run[2], run[3]) for run in driver.runs) == [("worker-0", 0), ("worker-1", 0)]

@@ -62,6 +62,9 @@ class Outcome:
     jobs: list[dict]
     dead_letters: list[dict]
     log_files: list[Path]  # the per-instance files the runtime keeps (none for local)
+    # What the engine itself shows after the job, where a runtime looks (kubernetes: the
+    # incarnations each pod ran, the nodes it isolated, those an operator's uncordon returned).
+    engine: dict = dataclasses.field(default_factory=dict)
 
     @property
     def succeeded(self) -> bool:
@@ -97,8 +100,11 @@ def run(runtime: str, tmp: Path, definition: JobDefinition, trigger: Optional[Tr
     if runtime == "kubernetes":  # its agents are those of the Kubernetes nodes CI starts, adopting the pods
         with kube_site(tmp) as (site, agent_options, section):
             definition = dataclasses.replace(definition, runtime_options=json.dumps({"kubernetes": section}))
-            return _run_agents(tmp, definition, trigger, timeout_s, sites={"kubernetes": site},
-                               node_names=KUBE_NODES, agent_options=agent_options)
+            looked: dict = {}
+            outcome = _run_agents(tmp, definition, trigger, timeout_s, sites={"kubernetes": site},
+                                  node_names=KUBE_NODES, agent_options=agent_options, after=lambda bus: looked.update(
+                                      _kube_after(site, agent_options["k8s_state_dir"], bus)))
+            return dataclasses.replace(outcome, engine=looked)
     # Any other kind: the site its entry builds without options.
     site = kind.site({}, None)
     if site is None:  # else its jobs would run on the fallback, and prove nothing of it
@@ -155,6 +161,33 @@ def kube_site(tmp: Path):
             uncordon(api, node)
         shutil.rmtree(state, ignore_errors=True)
         shutil.rmtree(agents, ignore_errors=True)
+
+
+def _kube_after(site, state_dir: str, bus) -> dict:
+    """The incarnations each pod's host ran, the nodes isolated, and those
+    returned by an operator's ``trainwarden nodes uncordon`` (sent as the
+    command sends it, carried out by the actuator)."""
+    from trainwarden.bus import ACTUATOR_STATE
+    from trainwarden.bus.messages import NodeState
+    from trainwarden.clock import now as clock_now
+    from trainwarden.runtime.kubernetes.section import ISOLATED_TAINT
+
+    def tainted() -> list[str]:
+        return sorted(node for node in KUBE_NODES if any(
+            t.get("key") == ISOLATED_TAINT for t in (site.api.node(node) or {}).get("spec", {}).get("taints") or ()))
+
+    pods = {d.name: sorted(p.name.removesuffix(".out") for p in d.glob("r*s*.out"))
+            for d in Path(state_dir).iterdir() if d.is_dir()}
+    isolated = tainted()
+    producer = bus.producer()
+    for node in isolated:
+        producer.send(ACTUATOR_STATE, f"node:{node}", encode(NodeState(
+            node=node, state="ready", time=clock_now(), reason="uncordon by an operator")))
+    producer.flush()
+    deadline = time.monotonic() + 20
+    while tainted() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return {"pods": pods, "isolated": isolated, "uncordoned": sorted(set(isolated) - set(tainted()))}
 
 
 def _kube_namespace(api) -> str:
@@ -223,7 +256,8 @@ def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger],
 
 
 def _run_agents(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger], timeout_s: float,
-                slurm=None, sites=None, node_names=None, agent_options=None) -> Outcome:
+                slurm=None, sites=None, node_names=None, agent_options=None, after=None) -> Outcome:
+    """after(bus): looks at the engine once the job ended, the services still up."""
     from tests.cluster.harness import LocalCluster
 
     bus = MemoryBus()
@@ -252,6 +286,8 @@ def _run_agents(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger]
         # What the instances printed after the decisions (the last lines of a stop) still arrives.
         follower.follow(on_line, lambda d: None, timeout_s=1.0)
         follower.close()
+        if after is not None:
+            after(bus)
     finally:
         cluster.stop()
         if slurm is not None:

@@ -2,7 +2,10 @@
 must not depend on where it runs. Each scenario runs on each runtime of the
 registry that this machine can host (``local``: ``trainwarden run``;
 ``agents``: node agents, processor and actuator on the in-process bus;
-``pinned``: the runtime these tests define, tests/scenarios/pinned.py), and
+``slurm`` and ``kubernetes``: the same services, the agents on the nodes of
+the local cluster CI starts, adopting the tasks or the pods' processes;
+``pinned``: the runtime these
+tests define, tests/scenarios/pinned.py), and
 the history's fault rows must be the same on all of them -- node names aside,
 and a decision the runtime cannot carry out (isolating a node on one machine)
 recorded as ``unsupported`` there.
@@ -84,6 +87,9 @@ def test_a_retryable_crash_restarts_the_job_and_every_instance_resumes_from_its_
         "resume=0" in t for t in outcome.texts(round_=0) if t.startswith("starting"))
     [record] = outcome.jobs
     assert record["status"] == "succeeded" and record["rounds"] == 1
+    if runtime == "kubernetes":  # restarted in place: each pod's host ran both rounds, no pod was recreated
+        assert sorted([stem.split("s")[0] for stem in stems] for stems in outcome.engine["pods"].values()) == [
+            ["r0", "r1"]] * 2, outcome.engine
     _same_rows_everywhere("retryable crash", runtime, outcome.rows())
 
 
@@ -153,6 +159,8 @@ def test_a_c4d_error_on_the_diagnostic_channel_isolates_the_node_and_restarts_th
         # The next round avoids the isolated node.
         round1 = [t for t in outcome.texts(round_=1) if t.startswith("resuming")]
         assert len(round1) == 2 and all(f"node={isolated}" not in t for t in round1), round1
+    if runtime == "kubernetes":  # cordoned and tainted; an operator's `nodes uncordon` returned it
+        assert outcome.engine["isolated"] == outcome.engine["uncordoned"] == [isolated], outcome.engine
     _same_rows_everywhere("c4d error", runtime, outcome.rows())
 
 

@@ -205,20 +205,27 @@ class KubernetesRuntime(ClusterJob):
                 return
             self.checked = True
             self._adopt_pods()
-        for name in sorted(self.pending, key=lambda n: self.specs[n].rank):
+        waiting = sorted(self.pending, key=lambda n: self.specs[n].rank)
+        for name in waiting:
             pod = self.pods.get(name)
             if pod is not None and pod.node in self.avoid and not pod.bad:
                 pod.bad = f"its node {pod.node} is to be avoided (isolated or lost)"
             if pod is None or pod.bad:
                 self._create(name, pod)
-                continue
-            if not pod.running or not self.site.driver.ready(pod.node, pod.uid):
-                continue  # not running yet: the next turn
-            master = self._master_address()
-            if master is None:
-                continue
+        # What waits starts together, once every pod of it runs (a round's
+        # ranks, or one instance's restart): a rank handed its run while
+        # another's pod is still being scheduled would train, or wait at its
+        # rendezvous, alone.
+        for name in waiting:
+            pod = self.pods.get(name)
+            if pod is None or pod.bad or not pod.running or not self.site.driver.ready(pod.node, pod.uid):
+                return  # the next turn
+        master = self._master_address()
+        if master is None:
+            return
+        for name in waiting:
             round_, start = self.pending.pop(name)
-            self._run(name, pod, round_, start, master)
+            self._run(name, self.pods[name], round_, start, master)
 
     def _adopt_pods(self) -> None:
         """The job's pods that exist already (a new actuator taking over):
