@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Sequence
 
 from trainwarden.clock import now as clock_now
 from trainwarden.events import InstanceExited, InstanceStarted, LogLine, Stream
