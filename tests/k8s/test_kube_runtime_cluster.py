@@ -79,6 +79,7 @@ def job(api, namespace):
     # What it says: the engine's events in the list (each with when, .at); its errors beside.
     yield runtime, heard, heard
     runtime.finish()
+    site.close()
     for node in ("tw-k8s-1", "tw-k8s-2"):
         uncordon(api, node)
     shutil.rmtree(state, ignore_errors=True)
@@ -163,6 +164,24 @@ def test_a_pod_evicted_through_the_eviction_api_is_a_preemption(api, job):
     print(f"eviction: notice {notice_at - exit_at:+.2f} s from the evicted incarnation's exit")
 
 
+def test_a_pod_evicted_and_gone_before_the_runtime_looks_again_is_still_a_preemption(api, job):
+    """The evicted pod's container ends within a second and the pod is
+    deleted soon after: a runtime that only listed pods now and then saw
+    nothing of it but a vanished pod (and the job's crash). The watch
+    keeps the pod's last state, DisruptionTarget included."""
+    runtime, events, _ = job
+    _round(runtime, events, 0)
+    pod = _pods(api, runtime)["worker-1"]["metadata"]["name"]
+    api.evict(pod, runtime.section.namespace)
+    deadline = time.monotonic() + 60
+    while any(p["metadata"]["name"] == pod for p in api.pods(runtime.section.namespace, job_selector(runtime.job_id))):
+        assert time.monotonic() < deadline, f"pod {pod} was not deleted within 60 s of its eviction"
+        time.sleep(0.1)  # the runtime does not look meanwhile
+    _pump(runtime, events, lambda: any(isinstance(e, Preempted) for e in events), timeout=10, what="the preemption")
+    [preempted] = [e for e in events if isinstance(e, Preempted)]
+    assert preempted.round == 0 and "Eviction API" in preempted.reason, preempted
+
+
 def test_a_job_that_ends_leaves_no_pod_behind(api, job):
     runtime, events, port = job
     _round(runtime, events, 0)
@@ -228,6 +247,7 @@ def test_an_incarnations_sdk_calls_reach_its_nodes_endpoint_as_the_adopted_host_
         assert [e.pid for e in started] == [pid]
     finally:
         runtime.finish()
+        site.close()
         endpoint.close()
         shutil.rmtree(state, ignore_errors=True)
         shutil.rmtree(agent_dir, ignore_errors=True)

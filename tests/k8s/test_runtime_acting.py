@@ -30,7 +30,7 @@ def _runtime(server, namespace="default"):
     section = KubernetesSection(image="train:1", namespace=namespace)
     spec = JobSpec(roles=(RoleSpec("worker", 2, ("python", "train.py")),), runtime="kubernetes",
                    runtime_options=json.dumps({"kubernetes": section.to_wire()}))
-    runtime, heard = kube_runtime(KubeSite(api=server.api(), driver=driver), "job-1", spec, INSTANCES, clock)
+    runtime, heard = kube_runtime(KubeSite(api=server.api(), driver=driver, watching=False), "job-1", spec, INSTANCES, clock)
     # What it says: the engine's events in the list; its errors, isolations and commands beside.
     return runtime, heard, driver, heard, clock
 

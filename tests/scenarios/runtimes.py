@@ -47,7 +47,8 @@ PROGRAM = str(Path(__file__).resolve().parent / "programs" / "resume.py")
 # `run`; the agents' C4D logs, which only this test process writes); or the
 # job's runtime reports what it saw (a Preempted event: the scheduler took the
 # round's capacity back), as a runtime does: into the run's inbox, or onto the
-# bus's events topic as the actuator's runtime sends it.
+# bus's events topic as the actuator's runtime sends it. On kubernetes the
+# preemption is real: the instance's pod is evicted through the Eviction API.
 Trigger = Callable[[LogLine], "Optional[str | Preempted]"]
 
 
@@ -100,6 +101,7 @@ def run(runtime: str, tmp: Path, definition: JobDefinition, trigger: Optional[Tr
     if runtime == "kubernetes":  # its agents are those of the Kubernetes nodes CI starts, adopting the pods
         with kube_site(tmp) as (site, agent_options, section):
             definition = dataclasses.replace(definition, runtime_options=json.dumps({"kubernetes": section}))
+            trigger = _evicting(trigger, site, section["namespace"]) if trigger else None
             looked: dict = {}
             outcome = _run_agents(tmp, definition, trigger, timeout_s, sites={"kubernetes": site},
                                   node_names=KUBE_NODES, agent_options=agent_options, after=lambda bus: looked.update(
@@ -157,10 +159,29 @@ def kube_site(tmp: Path):
     try:
         yield site, {"k8s_state_dir": str(state), "k8s_agent_dir": str(agents)}, section.to_wire()
     finally:
+        site.close()
         for node in KUBE_NODES:
             uncordon(api, node)
         shutil.rmtree(state, ignore_errors=True)
         shutil.rmtree(agents, ignore_errors=True)
+
+
+def _evicting(trigger: Trigger, site, namespace: str) -> Trigger:
+    """On kubernetes a preemption is Kubernetes' own: the pod of the line's
+    instance is evicted through the Eviction API (as ``kubectl drain`` does)
+    and the runtime has to see it (a pod condition DisruptionTarget)."""
+    from trainwarden.runtime.kubernetes.manifests import INSTANCE_ANNOTATION, job_selector
+
+    def evict(line: LogLine):
+        said = trigger(line)
+        if not isinstance(said, Preempted):
+            return said
+        [pod] = [p["metadata"]["name"] for p in site.api.pods(namespace, job_selector(line.job_id))
+                 if p["metadata"]["annotations"].get(INSTANCE_ANNOTATION) == line.instance
+                 and not p["metadata"].get("deletionTimestamp")]
+        site.api.evict(pod, namespace)
+        return None
+    return evict
 
 
 def _kube_after(site, state_dir: str, bus) -> dict:

@@ -178,6 +178,8 @@ def test_a_preemption_restarts_the_job_and_counts_as_one_job_restart_in_the_jobs
     assert (restart["action"], restart["reason"], restart["error_source"]) == (
         "restart_job", "preempted", "preemption"), restart
     assert any(t.startswith("resuming worker-0 round=1") for t in outcome.texts("worker-0", 1))
+    if runtime == "kubernetes":  # a real eviction, seen by the runtime as Kubernetes said it
+        assert "evicted through the Eviction API" in restart["error_message"], restart
     # No limit counts a preemption, but the job was restarted once: the jobs table says so everywhere.
     [record] = outcome.jobs
     assert (record["status"], record["rounds"]) == ("succeeded", 1), record

@@ -22,6 +22,7 @@ from lightkube.core.exceptions import ConfigError as LightkubeConfigError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.operators import exists as lightkube_exists
 from lightkube.types import PatchType
 
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -30,7 +31,11 @@ FIELD_MANAGER = "trainwarden"
 # What the actuator does, and so the RBAC it needs (deploy/k8s/actuator-rbac.yaml grants these;
 # not pods/eviction: evicting is how others preempt the job's pods, never the actuator's own way).
 NEEDED = (("create", "pods", ""), ("delete", "pods", ""), ("list", "pods", ""), ("get", "pods", ""),
-          ("get", "nodes", ""), ("list", "nodes", ""), ("patch", "nodes", ""))
+          ("watch", "pods", ""), ("get", "nodes", ""), ("list", "nodes", ""), ("watch", "nodes", ""),
+          ("patch", "nodes", ""))
+# A watch the apiserver ends after this long (a new one resumes at the version reached): the
+# watching thread looks at least this often whether it is still wanted.
+WATCH_SERVER_TIMEOUT_S = 30
 
 
 class KubeError(Exception):
@@ -90,6 +95,33 @@ class KubeApi:
         key, _, value = selector.partition("=")
         return self._call(f"list pods in namespace {namespace}", lambda: [
             pod.to_dict() for pod in self.client.list(Pod, namespace=namespace, labels={key: value})])
+
+    def listed(self, kind: str, namespace: str = "", selector: str = "") -> tuple[list[dict], str]:
+        """Every pod of the namespace carrying the label (``key`` or ``key=value``), or
+        every node, and the resource version the list was read at (a watch resumes there)."""
+        where = f"pods in namespace {namespace}" if kind == "pods" else "nodes"
+        labels = _labels(selector)
+
+        def call():
+            listing = (self.client.list(Pod, namespace=namespace, labels=labels) if kind == "pods"
+                       else self.client.list(Node, labels=labels))
+            items = [item.to_dict() for item in listing]
+            return items, listing.resourceVersion
+        return self._call(f"list {where}", call)
+
+    def watch(self, kind: str, resource_version: str, namespace: str = "", selector: str = ""):
+        """The changes after ``resource_version``, as (ADDED|MODIFIED|DELETED, object) pairs, until
+        the connection ends. Errors are raised as they come (ApiError, httpx2.HTTPError): the
+        watcher lists again (watch.py)."""
+        labels = _labels(selector)
+        if kind == "pods":
+            changes = self.client.watch(Pod, namespace=namespace, labels=labels, resource_version=resource_version,
+                                        server_timeout=WATCH_SERVER_TIMEOUT_S)
+        else:
+            changes = self.client.watch(Node, labels=labels, resource_version=resource_version,
+                                        server_timeout=WATCH_SERVER_TIMEOUT_S)
+        for change, obj in changes:
+            yield change, obj.to_dict()
 
     def nodes(self) -> list[dict]:
         return self._call("list nodes", lambda: [node.to_dict() for node in self.client.list(Node)])
@@ -173,6 +205,14 @@ class KubeApi:
     def _retry(self, attempt: int) -> None:
         self.retries += 1
         self.sleep(BACKOFF_S[attempt])
+
+
+def _labels(selector: str) -> Optional[dict]:
+    """``key=value`` or ``key`` (the label exists) as lightkube's selector."""
+    if not selector:
+        return None
+    key, equals, value = selector.partition("=")
+    return {key: value} if equals else {key: lightkube_exists()}
 
 
 def _api_error(what: str, code: Optional[int], exc: ApiError) -> KubeError:

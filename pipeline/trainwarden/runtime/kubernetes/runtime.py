@@ -16,7 +16,9 @@ restarted in place.
 - Isolating a node cordons it, taints it ``trainwarden.io/isolated``
   (NoSchedule), labels it and writes the reason in an annotation
   (manifests.isolate_patch); ``uncordon`` removes exactly those.
-- What Kubernetes reports is translated (observe.py) into the typed
+- What Kubernetes reports comes from the site's watches (watch.py, shared
+  by every job; a list of its own while they are out of sync) and is
+  translated (observe.py) into the typed
   events every runtime says (runtime/base.py), handed back from ``poll``:
   node loss (``NodeDown``), preemption (``CapacityTaken``, not a fault), a
   pod whose container ended (its exit, a ``JobEvent``); an API error is an
@@ -43,8 +45,10 @@ from trainwarden.runtime.environment import instance_env, job_env
 from trainwarden.runtime.kubernetes.api import KubeApi, KubeError
 from trainwarden.runtime.kubernetes.drivers import PodDriver, PodRun
 from trainwarden.runtime.kubernetes.manifests import (
+    JOB_LABEL,
     isolate_patch,
     job_selector,
+    label_value,
     pod_manifest,
     uncordon_patch,
     with_isolation_taint,
@@ -52,9 +56,11 @@ from trainwarden.runtime.kubernetes.manifests import (
 from trainwarden.runtime.kubernetes.node_side import POD_UID_VARIABLE, PodHostError
 from trainwarden.runtime.kubernetes.observe import CANNOT_START, Incarnation, node_view, pod_view, translate
 from trainwarden.runtime.kubernetes.section import ISOLATED_TAINT, HostPath, KubernetesSection, section_of
+from trainwarden.runtime.kubernetes.watch import Collection
 from trainwarden.runtime.nodes import Cluster, master_port
 
-WATCH_EVERY_S = 1.0
+LOOK_EVERY_S = 0.2  # at the watch's copy (memory)
+LIST_EVERY_S = 1.0  # at the apiserver, while the watch is out of sync (or off)
 POD_HOST_MODULE = "trainwarden.runtime.kubernetes.pod_host"
 
 
@@ -75,8 +81,12 @@ class KubeSite:
     # The node agents' SDK endpoint directory (node_side.PodHosts' control_address is in it):
     # mounted read-only at the same path in every pod, so the job's SDK calls reach its node's agent.
     agent_dir: str = ""
+    # Watch the jobs' pods and the nodes (watch.py), one thread each for every job of this site;
+    # off, or while a watch is out of sync, each job lists them itself every LIST_EVERY_S.
+    watching: bool = True
     # What the driver followed (a LocalPodDriver's pod hosts, every job's), kept by job until its runtime polls.
     _followed: dict = dataclasses.field(default_factory=dict)
+    _collections: dict = dataclasses.field(default_factory=dict)
 
     def runtime(self, job: JobToRun, cluster: Cluster, clock: Callable[[], float]) -> "KubernetesRuntime":
         return KubernetesRuntime(job, cluster, clock, self)
@@ -100,6 +110,34 @@ class KubeSite:
             self._followed.setdefault(event.job_id, []).append(event)
         return self._followed.pop(job_id, [])
 
+    def job_pods(self, namespace: str, job_id: str) -> tuple[list[dict], bool]:
+        """The job's pods, and whether they come from the watch (then with the
+        last state of those deleted in the last minute) rather than a list.
+        KubeError when a list fails."""
+        watched = self._collection("pods", namespace)
+        found = watched.snapshot(label_value(job_id)) if watched is not None else None
+        if found is not None:
+            return found, True
+        return self.api.pods(namespace, job_selector(job_id)), False
+
+    def nodes(self) -> list[dict]:
+        watched = self._collection("nodes", "")
+        found = watched.snapshot() if watched is not None else None
+        return found if found is not None else self.api.nodes()
+
+    def close(self) -> None:
+        for collection in self._collections.values():
+            collection.close()
+        self._collections.clear()
+
+    def _collection(self, kind: str, namespace: str) -> Optional[Collection]:
+        if not self.watching:
+            return None
+        key = (kind, namespace)
+        if key not in self._collections:
+            self._collections[key] = Collection(self.api, kind, namespace, JOB_LABEL if kind == "pods" else "").start()
+        return self._collections[key]
+
     def describe(self) -> str:
         return f"pods through {self.api.server or 'the kubeconfig'}'s apiserver; pod hosts in {self.state_dir}"
 
@@ -112,6 +150,7 @@ class _Pod:
     node: str = ""
     running: bool = False  # its container runs: its host can take runs
     bad: str = ""  # why it must be replaced, "" while it may run incarnations
+    seen: bool = False  # in what the apiserver said since its creation
     ran: Optional[tuple[int, int]] = None  # the incarnation its host runs, None once stopped
     runs: int = 0  # incarnations handed to its host: more than one is a restart in place
 
@@ -171,8 +210,7 @@ class KubernetesRuntime(ClusterJob):
         """Each turn of the actuator's loop: what Kubernetes says, then what waits."""
         now = self.clock()
         if now >= self._next_watch:
-            self._next_watch = now + WATCH_EVERY_S
-            self._watch()
+            self._next_watch = now + (LOOK_EVERY_S if self._watch() else LIST_EVERY_S)
         for event in self.site.followed(self.job_id):
             self.say(JobEvent(event))
         self._advance()
@@ -330,11 +368,13 @@ class KubernetesRuntime(ClusterJob):
 
     # ------------------------------------------------------------ watching
 
-    def _watch(self) -> None:
-        listed = self._call(self.api.pods, self.section.namespace, job_selector(self.job_id))
-        nodes = self._call(self.api.nodes)
-        if listed is None or nodes is None:
-            return
+    def _watch(self) -> bool:
+        """What the job's pods and their nodes say; True when it came from the watch."""
+        found = self._call(self.site.job_pods, self.section.namespace, self.job_id)
+        nodes = self._call(self.site.nodes)
+        if found is None or nodes is None:
+            return False
+        listed, watched = found
         node_views = {view.name: view for view in map(node_view, nodes)}
         self.node_addresses = {name: view.address for name, view in node_views.items() if view.address}
         by_name = {pod.name: name for name, pod in self.pods.items()}
@@ -345,7 +385,7 @@ class KubernetesRuntime(ClusterJob):
             if name is None:
                 continue
             pod = self.pods[name]
-            pod.uid, pod.node, pod.running = view.uid or pod.uid, view.node, view.running
+            pod.uid, pod.node, pod.running, pod.seen = view.uid or pod.uid, view.node, view.running, True
             round_, start = self.incarnation.get(name, (0, 0))
             current[view.name] = Incarnation(name, round_, start)
             node = node_views.get(view.node)
@@ -358,8 +398,10 @@ class KubernetesRuntime(ClusterJob):
                 pod.bad = pod.bad or f"Kubernetes took it away ({view.disruption or 'deleted'})"
             elif view.exit_code is not None:
                 pod.bad = pod.bad or f"its container ended ({view.exit_reason or view.exit_code})"
+        seen = {view.name for view in views}
         for name, pod in self.pods.items():
-            if pod.name not in {view.name for view in views} and pod.uid:
+            # A list holds every pod created before it; the watch's copy may not hold one just created.
+            if pod.name not in seen and pod.uid and (pod.seen or not watched):
                 pod.bad = pod.bad or "it is gone"
         events, self.said = translate(self.job_id, self.clock(), views, node_views, current, self.said)
         for event in events:
@@ -372,6 +414,7 @@ class KubernetesRuntime(ClusterJob):
                 self.say(NodeDown(event.node, tuple(event.instances)))
             else:
                 self.say(JobEvent(event))
+        return watched
 
     # ------------------------------------------------------------ errors
 
