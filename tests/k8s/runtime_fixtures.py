@@ -117,6 +117,7 @@ class MemoryApiserver:
         self.pods: dict[tuple[str, str], dict] = {}
         self.forbid: set[tuple[str, str]] = set()
         self.deleted: list[str] = []
+        self.down = False  # every call answered 503, as an apiserver that is restarting
 
     def api(self) -> KubeApi:
         config = KubeConfig.from_one(cluster=KubeCluster(server="http://apiserver.test"), user=User(token="t"))
@@ -125,6 +126,8 @@ class MemoryApiserver:
 
     def handle(self, request):
         path, method = request.url.path, request.method
+        if self.down:
+            return _status(503, "the apiserver is shutting down")
         body = json.loads(request.content) if request.content else None
         if path.endswith("/selfsubjectaccessreviews"):
             a = body["spec"]["resourceAttributes"]

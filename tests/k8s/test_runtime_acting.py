@@ -6,6 +6,7 @@ real local cluster: test_kube_cluster.py.)"""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -109,6 +110,31 @@ def test_a_job_that_ends_leaves_no_pod_behind():
     runtime, port, driver, events, clock = _round_started(server)
     runtime.finish()
     assert server.pods == {}
+
+
+def test_the_pods_of_a_job_that_ends_while_the_apiserver_is_down_are_deleted_once_it_answers():
+    server = MemoryApiserver()
+    runtime, port, driver, events, clock = _round_started(server)
+    server.down = True
+    runtime.finish()
+    events.poll()
+    [said] = events.errors
+    assert said.startswith("the pods of job job-1 could not all be deleted (the apiserver kept failing"), said
+    assert "they will be once the apiserver answers" in said
+    assert len(server.pods) == 2 and runtime.site.waiting_sweep() == [("default", "job-1")]
+    server.down = False
+    assert _within(10.0, lambda: server.pods == {} and runtime.site.waiting_sweep() == []), server.pods_named()
+    runtime.site.close()
+
+
+def _within(seconds, condition):
+    """Waits on the site's own thread (real time, at most ``seconds``)."""
+    done = threading.Event()
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return True
+        done.wait(0.05)
+    return condition()
 
 
 def test_an_unknown_namespace_fails_the_job_in_one_sentence_with_nothing_created():

@@ -56,6 +56,7 @@ from trainwarden.runtime.kubernetes.manifests import (
 from trainwarden.runtime.kubernetes.node_side import POD_UID_VARIABLE, PodHostError
 from trainwarden.runtime.kubernetes.observe import CANNOT_START, Incarnation, node_view, pod_view, translate
 from trainwarden.runtime.kubernetes.section import ISOLATED_TAINT, HostPath, KubernetesSection, section_of
+from trainwarden.runtime.kubernetes.sweep import Sweeper
 from trainwarden.runtime.kubernetes.watch import Collection
 from trainwarden.runtime.nodes import Cluster, master_port
 
@@ -87,6 +88,7 @@ class KubeSite:
     # What the driver followed (a LocalPodDriver's pod hosts, every job's), kept by job until its runtime polls.
     _followed: dict = dataclasses.field(default_factory=dict)
     _collections: dict = dataclasses.field(default_factory=dict)
+    _sweeper: Optional[Sweeper] = None
 
     def runtime(self, job: JobToRun, cluster: Cluster, clock: Callable[[], float]) -> "KubernetesRuntime":
         return KubernetesRuntime(job, cluster, clock, self)
@@ -125,10 +127,22 @@ class KubeSite:
         found = watched.snapshot() if watched is not None else None
         return found if found is not None else self.api.nodes()
 
+    def sweep_later(self, namespace: str, job_id: str, grace_s: int) -> None:
+        """A job ended whose pods could not all be deleted: deleted when the apiserver answers (sweep.py)."""
+        if self._sweeper is None:
+            self._sweeper = Sweeper(self.api)
+        self._sweeper.later(namespace, job_id, grace_s)
+
+    def waiting_sweep(self) -> list[tuple[str, str]]:
+        """(namespace, job id) of the ended jobs whose pods wait to be deleted."""
+        return self._sweeper.waiting() if self._sweeper is not None else []
+
     def close(self) -> None:
         for collection in self._collections.values():
             collection.close()
         self._collections.clear()
+        if self._sweeper is not None:
+            self._sweeper.close()
 
     def _collection(self, kind: str, namespace: str) -> Optional[Collection]:
         if not self.watching:
@@ -221,11 +235,16 @@ class KubernetesRuntime(ClusterJob):
         what still runs, within the grace); none is left behind."""
         self.pending.clear()
         names = {pod.name for pod in self.pods.values()}
-        listed = self._call(self.api.pods, self.section.namespace, job_selector(self.job_id)) or []
-        names |= {pod["metadata"]["name"] for pod in listed}
-        for name in sorted(names):
-            self._call(self.api.delete_pod, name, self.section.namespace, int(self.spec.stop_grace_s))
+        listed = self._call(self.api.pods, self.section.namespace, job_selector(self.job_id))
+        names |= {pod["metadata"]["name"] for pod in listed or ()}
+        deleted = [self._call(self.api.delete_pod, name, self.section.namespace, int(self.spec.stop_grace_s))
+                   for name in sorted(names)]
         self.pods.clear()
+        if listed is None or None in deleted:
+            # The apiserver did not answer: the site deletes them once it does.
+            self.site.sweep_later(self.section.namespace, self.job_id, int(self.spec.stop_grace_s))
+            self.say(EngineError(f"the pods of job {self.job_id} could not all be deleted ({self.last_error}); "
+                                 f"they will be once the apiserver answers"))
 
     # ------------------------------------------------------------ acting
 
