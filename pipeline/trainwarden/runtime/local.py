@@ -23,11 +23,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from trainwarden.clock import now
 from trainwarden.events import Event, InstanceExited, InstanceStarted, LogLine, Stream
-from trainwarden.runtime.keeper import MARK_VARIABLE, KeeperLease, carries, environment_mark
+from trainwarden.runtime.keeper import MARK_VARIABLE, KeeperLease, environment_mark
 from trainwarden.runtime.run_as import RunAs
 from trainwarden.runtime.standby import python_invocation
 from trainwarden.runtime.standby_pool import StandbyPool
@@ -213,7 +213,7 @@ class LocalRuntime:
                 signal_group(proc.popen.pid, signal.SIGKILL)
         for proc in procs:
             proc.gone.wait(10.0)
-            self.counters.escaped_processes_killed += kill_incarnation(proc.mark)
+        self.counters.escaped_processes_killed += kill_incarnations(proc.mark for proc in procs)
 
     def kill(self, names: Sequence[str]) -> None:
         """SIGKILL the instances now (no grace) and return once they are gone."""
@@ -224,7 +224,7 @@ class LocalRuntime:
             signal_group(proc.popen.pid, signal.SIGKILL)
         for proc in procs:
             proc.gone.wait(10.0)
-            self.counters.escaped_processes_killed += kill_incarnation(proc.mark)
+        self.counters.escaped_processes_killed += kill_incarnations(proc.mark for proc in procs)
 
     def kill_all(self) -> None:
         """SIGKILL every instance now, without waiting (a second interrupt)."""
@@ -233,7 +233,7 @@ class LocalRuntime:
         for proc in procs:
             proc.stopping = True
             signal_group(proc.popen.pid, signal.SIGKILL)
-            kill_incarnation(proc.mark)
+        kill_incarnations(proc.mark for proc in procs)
 
     def stop_all(self, grace_s: float) -> None:
         self.stop(self.running(), grace_s)
@@ -355,6 +355,7 @@ class LocalRuntime:
     def _reap(self) -> None:
         with self._lock:
             procs = list(self._procs.values())
+        ended = []
         for proc in procs:
             if not proc.registered:
                 continue  # its pipes are not being read yet; reap it next time
@@ -371,7 +372,13 @@ class LocalRuntime:
             # Children left behind by a dead instance are orphans: end them,
             # including those that started a session of their own.
             signal_group(proc.popen.pid, signal.SIGKILL)
-            self.counters.escaped_processes_killed += kill_incarnation(proc.mark)
+            ended.append((proc, code))
+        if not ended:
+            return
+        # One pass over /proc for every instance that ended in this turn (a
+        # stopped round ends them all at once: one pass each was quadratic).
+        self.counters.escaped_processes_killed += kill_incarnations(proc.mark for proc, _ in ended)
+        for proc, code in ended:
             self._keeper.forget(proc.popen.pid)
             exit_code = 128 - code if code < 0 else code
             self._sink(InstanceExited(job_id=self.job_id, time=now(), instance=proc.name,
@@ -417,17 +424,26 @@ def with_parent_death_signal(argv: list[str]) -> list[str]:
 
 
 def kill_incarnation(mark: str) -> int:
-    """SIGKILL every process still carrying this incarnation's mark in its
-    environment: descendants that left the process group (setsid, daemons)."""
-    if not mark:
+    return kill_incarnations((mark,))
+
+
+def kill_incarnations(marks: Iterable[str]) -> int:
+    """SIGKILL every process still carrying one of these incarnations' marks
+    in its environment: descendants that left the process group (setsid,
+    daemons). One pass over /proc, whatever the number of marks."""
+    wanted = {environment_mark(mark) for mark in marks if mark}
+    if not wanted:
         return 0
-    marker = environment_mark(mark) + b"\0"
+    variable = environment_mark("")
     killed = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if carries((entry / "environ").read_bytes(), marker):
+            environ = (entry / "environ").read_bytes()
+            if variable not in environ:
+                continue
+            if any(item in wanted for item in environ.split(b"\0") if item.startswith(variable)):
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed += 1
         except (OSError, ValueError):
