@@ -9,6 +9,8 @@ time the view is given, by ``expire`` or ``place``), never at the agent's
 
 from __future__ import annotations
 
+import collections
+
 import dataclasses
 import enum
 import hashlib
@@ -104,14 +106,16 @@ class Cluster:
         self._stamp(now)
         placed = self.placement.setdefault(job_id, {})
         placed.pop(instance, None)
+        # Counted once per placement, not once per node (a round of a wide job places every instance).
+        used = collections.Counter(node for job in self.placement.values() for node in job.values())
         candidates = [n for n in self.nodes.values()
                       if n.status is NodeStatus.READY and n.last_seen and now - n.last_seen <= self.node_timeout_s
-                      and self.used(n.name) < n.slots]
+                      and used[n.name] < n.slots]
         if not candidates:
             raise NoCapacity(f"no ready node has a free slot for {job_id}/{instance}")
         chosen = next((n for n in candidates if n.name == prefer), None)
         if chosen is None:
-            chosen = min(candidates, key=lambda n: (self.used(n.name), n.name))
+            chosen = min(candidates, key=lambda n: (used[n.name], n.name))
         placed[instance] = chosen.name
         return chosen
 
