@@ -24,12 +24,14 @@ MIN_ACCURACY = 0.78
 MIN_CATEGORY_ACCURACY = 0.60
 CATEGORY_SUPPORT = 10  # categories with this many test excerpts or more are held to MIN_CATEGORY_ACCURACY
 # What the shipped policy costs on the test set, each excerpt run as a job
-# (tests/corpus_jobs.py; bench/classify_corpus.py prints it): 3.3% of the
-# transient failures lose their job (6 of 184; 17.9% before the decisions
-# of engine/operational.py) and 0.76 restarts are spent per persistent
-# failure (issue 27's ceiling: 0.8). Issue 27's 2% is not met: see the README.
-MAX_LOST_SHARE = 0.034
-MAX_RESTARTS_PER_PERSISTENT = 0.80
+# (tests/corpus_jobs.py; bench/classify_corpus.py prints it): 1.1% of the
+# transient failures lose their job (2 of 184; 17.9% before the decisions
+# of engine/operational.py) and 0.85 restarts are spent per persistent
+# failure. Issue 27's ceiling of 0.8 is exceeded by the restarts before any
+# progress that settings.decisions.start_categories spends (3.3% and 0.76
+# without them): see docs/OPERATIONS.md.
+MAX_LOST_SHARE = 0.012
+MAX_RESTARTS_PER_PERSISTENT = 0.86
 
 EXCERPTS = load_corpus()
 TUNE, TEST = split(EXCERPTS)

@@ -91,3 +91,35 @@ def test_a_site_file_that_changes_one_decision_setting_keeps_the_others(tmp_path
     (tmp_path / "90-site.yaml").write_text("version: 1\nsettings:\n  decisions:\n    repeat_restarts: 2\n")
     pack = load_rules(tmp_path)
     assert pack.decisions == dataclasses.replace(PACK.decisions, repeat_restarts=2)
+
+
+NODE_CONFIG = "sbatch: error: Batch job submission failed: Requested node configuration is not available"
+
+
+def test_a_first_configuration_error_before_progress_says_why_it_is_restarted():
+    cluster = _cluster()
+    [decision] = cluster.exit("worker-0", 1, [NODE_CONFIG])
+    assert decision.kind is DecisionKind.RESTART_JOB and decision.rule == "first_error_before_progress"
+    assert decision.evidence.startswith("phase: initialisation (lines); no progress in its round; "
+                                        "recurrence: first time in this job")
+    assert "a first config_error error before any progress: one restart" in decision.evidence
+
+
+def test_without_start_categories_a_configuration_error_before_progress_fails_the_job_at_once():
+    pack = dataclasses.replace(PACK, decisions=dataclasses.replace(PACK.decisions, start_categories=()))
+    [decision] = _cluster(pack).exit("worker-0", 1, [NODE_CONFIG])
+    assert decision.kind is DecisionKind.FAIL_JOB and decision.reason is Reason.NON_RETRYABLE_FAILURE
+
+
+def test_without_the_second_chance_a_first_configuration_error_before_progress_fails_the_job():
+    pack = dataclasses.replace(PACK, decisions=dataclasses.replace(PACK.decisions, second_chance=False))
+    [decision] = _cluster(pack).exit("worker-0", 1, [NODE_CONFIG])
+    assert decision.kind is DecisionKind.FAIL_JOB
+
+
+def test_a_site_file_can_list_the_categories_restarted_once_before_progress(tmp_path):
+    for shipped in sorted(shipped_rules_dir().glob("*.yaml")):
+        shutil.copy(shipped, tmp_path / shipped.name)
+    (tmp_path / "90-site.yaml").write_text(
+        "version: 1\nsettings:\n  decisions:\n    start_categories: [config_error, user_missing_file]\n")
+    assert load_rules(tmp_path).decisions.start_categories == ("config_error", "user_missing_file")

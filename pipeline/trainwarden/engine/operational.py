@@ -27,6 +27,12 @@ instance judged by its lines (policy ExitCodeAndErrorMsg):
   runs: CUDA out of memory, a shape mismatch, a missing module, NaN, a full
   disk). Progress is the evidence that the code and configuration worked
   for a while; a second time the error is not new and fails the job.
+- Before any progress in its round, a first not-retryable error of one of
+  ``start_categories`` (shipped: configuration errors) gets one restart too
+  (rule ``first_error_before_progress``): at start-up a restart costs no
+  training work, and a platform not ready yet (no nodes placed, a driver
+  not loaded, a rendezvous closed before late workers joined) prints what
+  looks like the job's configuration. The same error again fails the job.
 - The same retryable error on the same node ``node_repeats`` times in a row
   is that node's fault in a job on several nodes: the node is isolated
   (where the runtime can) and the job restarted (reason ``node_fault``);
@@ -148,6 +154,10 @@ def weigh(state: JobState, inst: InstanceState, verdict: Verdict, signature: str
         return Weighed(kind, Reason.SECOND_CHANCE, "first_error_after_progress", False,
                        evidence + f"; a first {category} error after progress, on weak evidence ({category} is "
                                   "not one of the sure categories): one restart from the checkpoint")
+    if not progressed and category in settings.start_categories:
+        return Weighed(kind, Reason.SECOND_CHANCE, "first_error_before_progress", False,
+                       evidence + f"; a first {category} error before any progress: one restart, as a platform "
+                                  "not ready yet looks the same at start-up")
     if not progressed and verdict.kind in WEAK_KINDS:
         return Weighed(kind, Reason.SECOND_CHANCE, "weak_evidence_before_progress", False,
                        evidence + f"; not retryable on weak evidence ({_KIND_WORDS[verdict.kind]}) before any "

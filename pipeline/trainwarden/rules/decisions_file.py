@@ -7,6 +7,7 @@ those of rules.model.OperationalSettings).
         repeat_restarts: 1        # the same failure while the job gets no further; -1: off
         second_chance: true       # one restart for a first weak not-retryable error after progress
         sure_categories: [cuda_oom, user_shape_error, user_missing_module, numerical, storage_full]
+        start_categories: [config_error]   # a first error of these before any progress: one restart
         node_repeats: 2           # the same retryable error on one node this many times in a row; -1: off
         node_categories: [gpu_hardware, host_oom, connection_lost, collective_error, infra_transient]
 
@@ -40,7 +41,7 @@ def decisions_setting(fields: Fields, before: OperationalSettings) -> Operationa
     chance = fields.get("second_chance", bool, None)
     if chance is not None:
         changes["second_chance"] = chance
-    for key in ("sure_categories", "node_categories"):
+    for key in ("sure_categories", "start_categories", "node_categories"):
         categories = fields.get(key, list, None)
         if categories is None:
             continue

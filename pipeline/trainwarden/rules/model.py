@@ -182,6 +182,12 @@ class OperationalSettings:
       strong (the error follows from the job's own code, data or memory
       wherever and whenever it runs); every other not-retryable verdict is
       weak.
+    - ``start_categories``: the not-retryable categories whose first error
+      before any progress in its round gets one restart (with
+      ``second_chance``): at start-up a restart costs no training work, and
+      a platform that is not ready yet (no nodes placed, a driver not
+      loaded, a rendezvous closed before late workers came) prints errors
+      that look like the job's configuration.
     - ``node_repeats``: the same retryable error on the same node this many
       times in a row isolates the node (-1: off), for a verdict of one of
       ``node_categories`` (failures a machine causes)."""
@@ -190,6 +196,7 @@ class OperationalSettings:
     second_chance: bool = True
     sure_categories: tuple[str, ...] = ("cuda_oom", "user_shape_error", "user_missing_module", "numerical",
                                         "storage_full")
+    start_categories: tuple[str, ...] = ("config_error",)
     node_repeats: int = 2
     node_categories: tuple[str, ...] = ("gpu_hardware", "host_oom", "connection_lost", "collective_error",
                                         "infra_transient")
