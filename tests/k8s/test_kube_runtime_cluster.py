@@ -22,8 +22,10 @@ import msgspec
 import pytest
 
 from tests.k8s.runtime_fixtures import kube_runtime
+from trainwarden.classify import classify
 from trainwarden.events import (InstanceExited, InstanceSpec, InstanceStarted, JobSpec, LogLine, NodeLost, Preempted,
                                 RoleSpec)
+from trainwarden.rules.loader import load_rules
 from trainwarden.runtime.kubernetes.api import KubeApi
 from trainwarden.runtime.kubernetes.manifests import job_selector
 from trainwarden.runtime.kubernetes.node_side import PodHosts
@@ -251,6 +253,36 @@ def test_an_incarnations_sdk_calls_reach_its_nodes_endpoint_as_the_adopted_host_
         endpoint.close()
         shutil.rmtree(state, ignore_errors=True)
         shutil.rmtree(agent_dir, ignore_errors=True)
+
+
+def test_an_incarnation_killed_at_its_pods_memory_limit_says_oomkilled_and_is_judged_a_memory_limit(api, namespace):
+    """The kernel kills the incarnation, not the pod host (PID 1): the
+    container lives on and Kubernetes reports nothing. The pod host sees
+    its container's OOM kills go up and says so as the incarnation's last
+    line, which the catalogue's memory-limit rule reads."""
+    state = Path(tempfile.mkdtemp(prefix="twk-", dir="/tmp"))
+    hog = "print('allocating', flush=True); x = bytearray(600 * 2**20); import time; time.sleep(60)"
+    section = KubernetesSection(image=IMAGE, namespace=namespace, image_pull_policy="Never",
+                                host_paths=tuple(HostPath(p) for p in sorted({"/usr", sys.base_prefix, str(ROOT)})),
+                                resources=(("memory", "200Mi"),))
+    spec = JobSpec(roles=(RoleSpec("worker", 1, (sys.executable, "-c", hog)),), runtime="kubernetes",
+                   stop_grace_s=2.0, runtime_options=json.dumps({"kubernetes": section.to_wire()}))
+    site = KubeSite(api=api, driver=LocalPodDriver(PodHosts(state, "", time.monotonic)), python=sys.executable,
+                    state_dir=str(state), rendezvous_by_name=True)
+    runtime, events = kube_runtime(site, f"kjob-{uuid.uuid4().hex[:6]}", spec, INSTANCES[:1])
+    try:
+        runtime.start("worker-0", 0, 0)
+        _pump(runtime, events, lambda: any(isinstance(e, InstanceExited) for e in events), what="the OOM kill")
+        [exited] = [e for e in events if isinstance(e, InstanceExited)]
+        lines = [e.text for e in events if isinstance(e, LogLine)]
+        assert exited.exit_code == 137 and lines[0] == "allocating", (exited, lines)
+        assert "Reason: OOMKilled" in lines[-1] and "memory limit of 200 MiB" in lines[-1], lines
+        verdict = classify(load_rules(), exited.exit_code, lines)
+        assert (verdict.rule, verdict.verdict.value) == ("k8s_container_oom_killed", "not_retryable"), verdict
+    finally:
+        runtime.finish()
+        site.close()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def test_a_hung_pods_stacks_are_dumped_from_the_node_with_py_spy_before_its_stop(api, job):

@@ -95,3 +95,19 @@ def test_a_command_that_does_not_exist_exits_127_with_a_line_saying_why(pod_host
     events = _until_exit(hosts)
     assert events[-1].exit_code == 127
     assert any("cannot start '/nonexistent/python'" in e.text for e in events if isinstance(e, LogLine))
+
+
+def test_the_containers_oom_kills_and_memory_limit_are_read_from_cgroup_v1_or_v2(tmp_path):
+    from trainwarden.runtime.kubernetes.pod_host import memory_limit, oom_kills
+
+    v1, v2 = tmp_path / "memory.oom_control", tmp_path / "memory.events"
+    v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    v2.write_text("low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\n")
+    missing = str(tmp_path / "absent")
+    assert oom_kills((missing, str(v1))) == 3 and oom_kills((str(v2),)) == 2 and oom_kills((missing,)) is None
+    limit, unlimited_v1, unlimited_v2 = (tmp_path / name for name in ("limit", "v1max", "v2max"))
+    limit.write_text("209715200\n")
+    unlimited_v1.write_text("9223372036854771712\n")
+    unlimited_v2.write_text("max\n")
+    assert memory_limit((str(limit),)) == 200 * 2**20
+    assert memory_limit((str(unlimited_v1),)) == memory_limit((str(unlimited_v2),)) == memory_limit((missing,)) == 0

@@ -19,6 +19,10 @@ a scheduler's task is adopted) and ships the lines and the exit. With
 standby interpreter kept in the pod (standby_pool.StandbyPool, streams
 mode), as the agents do on their own nodes.
 
+An incarnation the kernel kills at the container's memory limit (its OOM
+kill count went up) gets a last line ``Reason: OOMKilled``: Kubernetes says
+nothing of it, since the container itself lives on.
+
 As the container's PID 1 it reaps every orphan, and it ends (stopping the
 incarnation, SIGTERM then SIGKILL after the grace) when Kubernetes stops the
 pod. It exits 0 then, so a deleted pod is no instance's failure.
@@ -64,6 +68,7 @@ class PodHost:
         self.stem = ""
         self.exit_code: Optional[int] = None
         self.stopping = False
+        self.oom_kills: Optional[int] = None  # the container's count when the incarnation started
         self.pool = None
         if preload:
             from trainwarden.runtime.standby_pool import StandbyPool
@@ -108,6 +113,7 @@ class PodHost:
         finally:
             os.close(out)
         self.child, self.stem, self.exit_code, self.stopping = pid, stem, None, False
+        self.oom_kills = oom_kills()
         write_json_atomic(self.directory / f"{stem}.start.json", {"pid": pid, "started_at": time.time()})
         return {"pid": pid}
 
@@ -175,12 +181,67 @@ class PodHost:
             if pid == self.child:
                 code = os.waitstatus_to_exitcode(status)
                 code = 128 - code if code < 0 else code
+                if code == 128 + signal.SIGKILL:
+                    self._say_if_oom_killed()
                 write_json_atomic(self.directory / f"{self.stem}.exit.json", {"exit_code": code, "ended_at": time.time()})
                 self.child = None
+
+    def _say_if_oom_killed(self) -> None:
+        """A SIGKILL while the container's OOM kills went up: the kernel ended
+        the incarnation at the container's memory limit. Kubernetes says
+        nothing of it (the pod host, PID 1, lives on: the container does not
+        end), so the incarnation's last line says it, as kubectl would."""
+        before, after = self.oom_kills, oom_kills()
+        if before is None or after is None or after <= before:
+            return
+        limit = memory_limit()
+        said = f" of {limit // 2**20} MiB" if limit else ""
+        line = (f"{PROG}: Reason: OOMKilled: the kernel's OOM killer ended this incarnation at its container's "
+                f"memory limit{said} (resources.limits.memory)\n")
+        try:
+            fd = os.open(self.directory / f"{self.stem}.out", os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        except OSError:
+            return
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+
+
+# The container's own memory cgroup, as runc mounts it (v1, then v2).
+_OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
+_LIMIT_FILES = ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max")
+
+
+def oom_kills(files=_OOM_FILES) -> Optional[int]:
+    """How many processes the kernel's OOM killer ended in this container; None where it does not say."""
+    for path in files:
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
+
+
+def memory_limit(files=_LIMIT_FILES) -> int:
+    """The container's memory limit in bytes; 0 when it has none (or does not say)."""
+    for path in files:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**62:  # v1's "no limit" is a huge number, v2's is "max"
+            return int(text)
+        return 0
+    return 0
 
 
 def _signal_group(pid: int, sig: int) -> None:
