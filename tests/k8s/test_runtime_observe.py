@@ -8,7 +8,9 @@ import copy
 import json
 from pathlib import Path
 
+from trainwarden.classify import classify
 from trainwarden.events import InstanceExited, NodeLost, Preempted
+from trainwarden.rules.loader import load_rules
 from trainwarden.runtime.kubernetes.observe import Incarnation, node_view, pod_view, translate
 
 NOW = 1_000.0
@@ -103,7 +105,13 @@ def test_a_pod_whose_container_was_oom_killed_is_its_instances_exit_with_the_cod
     view = pod_view(pod)
     assert (view.exit_code, view.exit_reason, view.running) == (137, "OOMKilled", False)
     events, _ = _translate([pod], [_node()])
-    assert events == [InstanceExited(job_id="job", time=NOW, instance="worker-0", round=2, start=0, exit_code=137)]
+    line, exited = events
+    assert exited == InstanceExited(job_id="job", time=NOW, instance="worker-0", round=2, start=0, exit_code=137)
+    assert (line.instance, line.round, line.text) == ("worker-0", 2, "trainwarden: Kubernetes ended pod "
+                                                      "tw-job-worker-0-0's container on node n1: Reason: OOMKilled, "
+                                                      "Exit Code: 137")
+    verdict = classify(load_rules(), exited.exit_code, [line.text])
+    assert (verdict.rule, verdict.verdict.value) == ("k8s_container_oom_killed", "not_retryable"), verdict
 
 
 def test_a_container_that_cannot_start_is_an_exit_127():
@@ -111,7 +119,8 @@ def test_a_container_that_cannot_start_is_an_exit_127():
     pod["status"]["containerStatuses"][0]["state"] = {"waiting": {
         "reason": "ErrImageNeverPull", "message": "Container image \"train:1\" is not present with pull policy of Never"}}
     events, _ = _translate([pod], [_node()])
-    assert [e.exit_code for e in events] == [127]
+    assert [e.exit_code for e in events if isinstance(e, InstanceExited)] == [127]
+    assert "Reason: ErrImageNeverPull" in events[0].text
 
 
 def test_a_running_pod_on_a_ready_node_says_nothing_and_a_pod_of_another_generation_is_ignored():

@@ -10,7 +10,8 @@ nodes come in as the API's JSON (dicts), the time as a number.
   from the API, while it holds the job's pods: ``NodeLost``.
 - A pod whose container terminated (the pod host itself ended: OOMKilled,
   killed, failed to start) is its instance's exit, with the container's
-  code. An incarnation's own exit inside a running pod is the pod host's
+  code; a reason other than a plain error (OOMKilled, an image it cannot
+  pull) comes first as the instance's line, for the rules to read. An incarnation's own exit inside a running pod is the pod host's
   and the agent's to report, not this module's.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Mapping, Optional
 
-from trainwarden.events import InstanceExited, NodeLost, Preempted
+from trainwarden.events import InstanceExited, LogLine, NodeLost, Preempted, Stream
 from trainwarden.runtime.kubernetes.manifests import INSTANCE_ANNOTATION, ISOLATED_TAINT
 
 # The reasons Kubernetes gives DisruptionTarget (Pod disruption conditions, 1.26+).
@@ -32,6 +33,8 @@ DISRUPTIONS = {
 }
 # A container that never ran its command: its code says nothing of the job.
 CANNOT_START = 127
+# A container's end that its exit code says all of; any other reason is said as a line.
+PLAIN_ENDS = frozenset({"", "Error", "Completed"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +159,12 @@ def translate(job_id: str, now: float, pods: Iterable[PodView], nodes: Mapping[s
             key = ("exited", pod.uid)
             if key not in said_now:
                 said_now.add(key)
+                if pod.exit_reason not in PLAIN_ENDS:
+                    # What only Kubernetes knows (OOMKilled, an image it cannot pull), as the exit's last line.
+                    events.append(LogLine(job_id=job_id, time=now, instance=incarnation.instance,
+                                          round=incarnation.round, start=incarnation.start, stream=Stream.STDERR,
+                                          text=f"trainwarden: Kubernetes ended pod {pod.name}'s container on node "
+                                               f"{pod.node}: Reason: {pod.exit_reason}, Exit Code: {pod.exit_code}"))
                 events.append(InstanceExited(job_id=job_id, time=now, instance=incarnation.instance,
                                              round=incarnation.round, start=incarnation.start,
                                              exit_code=pod.exit_code))
