@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from trainwarden.events import InstanceSpec
 from trainwarden.runtime.control import ControlServer
 from trainwarden.runtime.inbox import Inbox
 from trainwarden.runtime.kubernetes.adopt import PodAdopter, adopter
-from trainwarden.runtime.kubernetes.node_side import POD_UID_VARIABLE, PodHosts
+from trainwarden.runtime.kubernetes.node_side import ANSWER_S, POD_UID_VARIABLE, PodHosts
 from trainwarden.runtime.nodehost import NodeHost, StartOrder, StopOrder
 
 UID = "5c1b7a9e-0f3d-4e2a-8b6c-9d1e2f3a4b5c"
@@ -140,3 +141,27 @@ def test_a_pod_host_that_goes_away_during_a_stop_ends_its_incarnation_as_killed(
         assert output.exited[0].exit_code == 128 + 9
     finally:  # the orphan a killed pod's kernel would have ended with it
         os.killpg(json.loads((directory / "r0s0.start.json").read_text())["pid"], signal.SIGKILL)
+
+
+def test_a_pod_host_that_takes_the_start_but_never_answers_does_not_hold_up_the_agents_loop(node):
+    host, output, _ = node
+    directory = host.adopters[0].hosts.directory(UID)
+    directory.mkdir(parents=True)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # accepts connections, answers none
+    silent.bind(str(directory / "host.sock"))
+    silent.listen(8)
+    try:
+        assert host.start(_order("print('never')"))
+        slowest = 0.0
+        deadline = time.monotonic() + ANSWER_S + 10
+        while not output.exited and time.monotonic() < deadline:
+            began = time.monotonic()
+            host.poll()
+            host.ship()
+            slowest = max(slowest, time.monotonic() - began)
+            time.sleep(0.05)
+        assert slowest < 1.0, slowest  # the agent's loop went on: heartbeats, other jobs' lines
+        [exited] = output.exited
+        assert exited.exit_code == 127 and "does not answer" in output.lines[-1][1], output.lines
+    finally:
+        silent.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -35,6 +36,7 @@ CANNOT_START = 127
 # SIGKILLs at the grace): past that the incarnation is taken as gone.
 EXIT_WRITTEN_S = 5.0
 POLL_S = 0.05
+HANDED_AT_ONCE = 8  # pod hosts asked to start an incarnation at the same time, per node
 
 
 def adopter(state_dir: Path, node: str, clock: Callable[[], float] = clock_now) -> AdopterFactory:
@@ -49,6 +51,11 @@ class PodAdopter:
         self._lock = threading.Lock()  # stops run in the node host's stopper threads
         self._waiting: dict[tuple[str, str], tuple[float, Launch]] = {}  # (job, instance) -> since, the start
         self._pods: dict[Incarnation, str] = {}  # handed to a pod host -> the pod's uid
+        # A pod host may take its time to answer (ANSWER_S): the agent's loop
+        # never waits on one; the pods of a round are handed theirs together.
+        self._handing = ThreadPoolExecutor(max_workers=HANDED_AT_ONCE, thread_name_prefix="pod-run")
+        self._in_flight: dict[Incarnation, Future] = {}  # asked of a pod host, not answered yet
+        self._handed: list[tuple[Launch, str, object]] = []  # answered: the launch, the uid, Followed or PodHostError
         self._said: list = []  # events of this adopter's own making (a start that failed, a stop of one unstarted)
         self.failed = 0  # starts no pod host took
 
@@ -79,9 +86,13 @@ class PodAdopter:
                 continue
             if not self._drop_waiting(key, launch):
                 continue  # stopped meanwhile
-            out.extend(self._run(launch, uid))
+            with self._lock:
+                self._in_flight[launch.incarnation] = self._handing.submit(self._hand, launch, uid)
         with self._lock:
+            handed, self._handed = self._handed, []
             said, self._said = self._said, []
+        for launch, uid, answer in handed:
+            out.extend(self._adopted(launch, uid, answer))
         out.extend(said)
         for event in self.hosts.poll():
             if isinstance(event, InstanceExited):
@@ -97,20 +108,37 @@ class PodAdopter:
             del self._waiting[key]
             return True
 
-    def _run(self, launch: Launch, uid: str) -> list:
+    def _hand(self, launch: Launch, uid: str) -> None:
+        """In a thread of its own: the pod's host starts the incarnation."""
         inc = launch.incarnation
         try:
-            pid = self.hosts.run(uid, inc.job_id, inc.instance, inc.round, inc.start, list(launch.command),
-                                 dict(launch.env), launch.workdir)
+            answer: object = self.hosts.hand(uid, inc.job_id, inc.instance, inc.round, inc.start,
+                                             list(launch.command), dict(launch.env), launch.workdir)
         except PodHostError as exc:
-            out: list = []
-            self._cannot_start(launch, str(exc), out)
+            answer = exc
+        except Exception as exc:  # whatever else went wrong: the start fails, said, and nothing waits on it
+            answer = PodHostError(f"handing the incarnation to pod {uid}'s host failed: {exc!r}"[:300])
+        with self._lock:
+            if not isinstance(answer, PodHostError):
+                self._pods[inc] = uid  # a stop from now on goes to its pod host
+            self._handed.append((launch, uid, answer))
+            del self._in_flight[inc]
+
+    def _adopted(self, launch: Launch, uid: str, answer) -> list:
+        """On the agent's loop, as ``poll`` takes what a pod host answered."""
+        inc = launch.incarnation
+        out: list = []
+        if isinstance(answer, PodHostError):
+            self._cannot_start(launch, str(answer), out)
             return out
         with self._lock:
-            self._pods[inc] = uid
+            stopped = inc not in self._pods  # stopped, and its pod host gone, before this turn
+        if stopped:
+            return out
+        self.hosts.follow(answer)
         key = (inc.job_id, inc.instance, inc.round, inc.start)
         # Adopted first: the node host binds the token to the process before its events.
-        return [Adopted(inc, launch.token, self.hosts.host_pid(key) if pid else 0, key)]
+        return [Adopted(inc, launch.token, answer.host_pid if answer.pod_pid else 0, key)]
 
     def _cannot_start(self, launch: Launch, why: str, out: list) -> None:
         """As a process that could not be executed: started, its one line, exit 127."""
@@ -135,6 +163,10 @@ class PodAdopter:
                     del self._waiting[(inc.job_id, inc.instance)]  # never started: it never will
                     self._said.append(self._exit(inc, 128 + 15))
                     continue
+                in_flight = self._in_flight.get(inc)
+            if in_flight is not None:
+                wait([in_flight])  # its pod host answers within ANSWER_S: then it is stopped as any other
+            with self._lock:
                 uid = self._pods.get(inc)
             if uid is None:
                 continue  # ended already

@@ -104,6 +104,15 @@ class PodHosts:
     def run(self, uid: str, job_id: str, instance: str, round_: int, start: int, command: list, env: dict,
             cwd: str = "", node: str = "") -> int:
         """Hand an incarnation to the pod's host; its pid in the pod (0: it could not start)."""
+        handed = self.hand(uid, job_id, instance, round_, start, command, env, cwd, node)
+        self.follow(handed)
+        return handed.pod_pid
+
+    def hand(self, uid: str, job_id: str, instance: str, round_: int, start: int, command: list, env: dict,
+             cwd: str = "", node: str = "") -> Followed:
+        """The pod's host starts the incarnation; what to follow of it, its
+        host pid proven (not followed yet: ``follow``). Touches nothing of
+        this object's state, so that a thread may wait on the pod host."""
         env = dict(env)
         if self.control_address:
             env["TRAINWARDEN_SDK_SOCKET"] = self.control_address
@@ -113,10 +122,13 @@ class PodHosts:
         if not isinstance(pid, int) or isinstance(pid, bool):
             raise PodHostError(f"the pod host of pod {uid} refused incarnation {round_}/{start} of {instance}: "
                                f"{str(answer.get('refused', answer))[:300]}")
-        self.followed[(job_id, instance, round_, start)] = Followed(job_id, instance, round_, start, uid, pid,
-                                                                  node or self.node)
-        self._adopt(self.followed[(job_id, instance, round_, start)], env.get("TRAINWARDEN_TOKEN", ""))
-        return pid
+        handed = Followed(job_id, instance, round_, start, uid, pid, node or self.node)
+        self._adopt(handed, env.get("TRAINWARDEN_TOKEN", ""))
+        return handed
+
+    def follow(self, handed: Followed) -> None:
+        """Its start, lines and exit come out of ``poll`` from now on."""
+        self.followed[(handed.job_id, handed.instance, handed.round, handed.start)] = handed
 
     def stop(self, uid: str, grace_s: float) -> None:
         """Asked, not waited for: the pods of a round stop together, each
