@@ -76,6 +76,8 @@ PROBE_LATE_S = 2.5
 # every agent this long (their heartbeats come every second): a start it
 # sends again goes to the node that already runs that incarnation, if any.
 HEAR_BEFORE_FINISHING_S = 2.5
+# A stray incarnation's stop is asked again after this long (its 5 s grace, and a heartbeat).
+RECONCILE_AGAIN_S = 7.0
 # Decisions whose action has side effects: an intent record before the first.
 INTENDED = frozenset(DecisionKind) - {DecisionKind.NOTIFY, DecisionKind.QUEUE_JOB}
 
@@ -110,6 +112,7 @@ class ActuatorService:
         self.cluster = Cluster(node_timeout_s)
         self.reports = StackReports(history, clock, announce=self._announce_report)
         self.executed: set[str] = set()
+        self._reconciled: dict[tuple, float] = {}  # (node, job, instance, round, start) -> its stop last asked
         self.jobs: dict[str, Supervisor] = {}
         # From the state topic: actions with an intent and no done record yet
         # (finished before any new decision), each job's newest incarnations
@@ -491,7 +494,12 @@ class ActuatorService:
         self._reconcile(beat)
 
     def _reconcile(self, beat: Heartbeat) -> None:
-        """Mark restarted instances running; stop what should not run there."""
+        """Mark restarted instances running; stop what should not run there:
+        one stop per job a heartbeat, each incarnation asked again only after
+        RECONCILE_AGAIN_S (its grace runs meanwhile: a stop per incarnation
+        per heartbeat made a thousand-wide restart a storm of stops)."""
+        now = self.clock()
+        strays: dict[str, list[tuple[str, int, int]]] = {}
         for item in beat.running:
             entry = self.jobs.get(item.job_id)
             if entry is not None and entry.runtime.heard(item.instance, item.round, item.start, beat.node):
@@ -501,9 +509,19 @@ class ActuatorService:
                 # An unfinished action's own stop (with its stack dump) ends
                 # the incarnations it is about; the rest once it is finished.
                 continue
-            self.send_command(StopInstances(node=beat.node, job_id=item.job_id, action_id="reconcile",
-                                            instances=(item.instance,), grace_s=5.0,
-                                            incarnations=((item.instance, item.round, item.start),)))
+            key = (beat.node, item.job_id, item.instance, item.round, item.start)
+            if now - self._reconciled.get(key, -RECONCILE_AGAIN_S) < RECONCILE_AGAIN_S:
+                continue
+            self._reconciled[key] = now
+            strays.setdefault(item.job_id, []).append((item.instance, item.round, item.start))
+        for job_id, incarnations in sorted(strays.items()):
+            self.send_command(StopInstances(node=beat.node, job_id=job_id, action_id="reconcile",
+                                            instances=tuple(name for name, _, _ in incarnations), grace_s=5.0,
+                                            incarnations=tuple(incarnations)))
+        # What this node no longer reports needs no stop: forgotten (bounded by what runs).
+        reported = {(beat.node, item.job_id, item.instance, item.round, item.start) for item in beat.running}
+        for key in [k for k in self._reconciled if k[0] == beat.node and k not in reported]:
+            del self._reconciled[key]
 
     def _expire_nodes(self) -> None:
         now = self.clock()
