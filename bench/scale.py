@@ -2,8 +2,9 @@
 
 For each size (instances on agents) this starts a real processor, actuator and
 that many agents (processes on this machine, one slot per instance, topics of
-their own on the broker), submits a Sync job of light ``sh`` instances that
-print a line every 0.5 s, and lets rank 0 crash with a retryable NCCL error
+their own on the broker), submits a Sync job of light shell instances that
+print a line every 0.5 s (waiting with bash's own ``read -t``; ``--pause
+fork`` waits with /bin/sleep, as the issue first measured), and lets rank 0 crash with a retryable NCCL error
 2 s after the whole round 0 has started. Round 1's instances print a few lines
 and exit 0, so the job succeeds. Times are taken on this host's clock: the
 instances' own (files they write when they start and crash) and the broker's
@@ -50,7 +51,7 @@ NCCL = "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system
 # $1: the directory the instances write their times to; $2: the job's width.
 INSTANCE = r"""
 d="$1"; width="$2"; r="$TRAINWARDEN_RESTART_ROUND"
-stamp() { date +%s.%N > "$d/.$1.$$" && mv "$d/.$1.$$" "$d/$1"; }
+STAMP
 stamp "start-$r-$RANK-$TRAINWARDEN_NODE"
 i=0; seen=-1
 while :; do
@@ -63,9 +64,23 @@ while :; do
   elif [ "$i" -ge 6 ]; then
     exit 0
   fi
-  i=$((i + 1)); sleep 0.5
+  i=$((i + 1)); PAUSE
 done
 """.replace("NCCL_LINE", NCCL)
+# How an instance waits its half second: bash's own read with a timeout on a
+# pipe nobody writes (no process), or /bin/sleep (a fork and exec every
+# half second in each instance: 2,048 a second at 1,024 instances, which
+# is what the 2-core machine then spends its time on).
+# A time stamp likewise: bash's $EPOCHREALTIME written at once (read when whole), or date and mv.
+PAUSES = {"builtin": ("bash", "exec 9<> <(:)\n", "read -t 0.5 -u 9 || :",
+                      'stamp() { printf "%s\\n" "$EPOCHREALTIME" > "$d/$1"; }'),
+          "fork": ("sh", "", "sleep 0.5", 'stamp() { date +%s.%N > "$d/.$1.$$" && mv "$d/.$1.$$" "$d/$1"; }')}
+
+
+def instance_command(pause: str, marks: Path, width: int) -> list[str]:
+    shell, setup, wait, stamp = PAUSES[pause]
+    program = setup + INSTANCE.replace("PAUSE", wait).replace("STAMP", stamp)
+    return [shell, "-c", program, "instance", str(marks), str(width)]
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -130,7 +145,13 @@ class Services:
 
 
 def _times(directory: Path, prefix: str) -> dict[str, float]:
-    return {path.name: float(path.read_text()) for path in directory.glob(prefix + "*")}
+    """The stamps written whole so far (one being written reads empty: the next look has it)."""
+    found = {}
+    for path in directory.glob(prefix + "*"):
+        text = path.read_text()
+        if text.endswith("\n"):
+            found[path.name] = float(text)
+    return found
 
 
 def _wait(what: str, predicate, timeout_s: float, services: Services) -> None:
@@ -167,7 +188,7 @@ def _records(bootstrap: str, prefix: str) -> list[tuple[str, float, object]]:
     return records
 
 
-def measure(bootstrap: str, width: int, agents: int, keep: bool) -> dict:
+def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "builtin") -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"tw-scale-{width}x{agents}-"))
     marks = tmp / "marks"
     marks.mkdir()
@@ -180,7 +201,7 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool) -> dict:
         submit = subprocess.Popen(
             [*TRAINWARDEN, "submit", "--follow", "--job-id", job_id, "--nproc", str(width),
              "--args", "--job-execution-mode=Sync --enable-job-restart=True --max-num-of-job-restart=3",
-             "--", "sh", "-c", INSTANCE, "instance", str(marks), str(width)],
+             "--", *instance_command(pause, marks, width)],
             env=services.env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=open(tmp / "submit.log", "wb"))
         budget = 60 + width * 0.5
         _wait("every instance of round 0 to start", lambda: len(_times(marks, "start-0-")) >= width, budget, services)
@@ -195,7 +216,8 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool) -> dict:
         except subprocess.TimeoutExpired:
             submit.kill()
             code = None
-        crash = float((marks / "crash").read_text())
+        _wait("the crash stamp", lambda: "crash" in _times(marks, "crash"), 10, services)
+        crash = _times(marks, "crash")["crash"]
         starts0 = _times(marks, "start-0-")
         starts1 = _times(marks, "start-1-")
         last_per_agent: dict[str, float] = {}
@@ -245,6 +267,9 @@ def main() -> int:
     parser.add_argument("--bootstrap", default=os.environ.get("TRAINWARDEN_KAFKA"))
     parser.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     parser.add_argument("--keep", action="store_true", help="keep each size's directory (services' logs)")
+    parser.add_argument("--pause", choices=sorted(PAUSES), default="builtin",
+                        help="how instances wait between lines: bash's read (default) or /bin/sleep, a process "
+                             "each time (the issue's first measurement)")
     args = parser.parse_args()
     if not args.bootstrap:
         parser.error("no broker: set TRAINWARDEN_KAFKA or pass --bootstrap (deploy/kafka/local-kafka start)")
@@ -254,7 +279,7 @@ def main() -> int:
     if not args.json:
         print("  ".join(f"{title:>{max(len(title), 6)}}" for _, title, _ in COLUMNS))
     for width, agents in sizes:
-        row = measure(args.bootstrap, width, agents, args.keep)
+        row = measure(args.bootstrap, width, agents, args.keep, args.pause)
         if args.json:
             print(json.dumps(row), flush=True)
         else:
