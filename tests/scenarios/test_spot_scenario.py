@@ -75,11 +75,11 @@ def test_a_spot_job_released_on_a_price_crossing_and_a_stock_shortage_resumes_wh
     for (at, kind, _), row in zip(sim.steps[:-1], rows[:-1]):
         assert abs((row["time"] - began) - at) < 1.0, (kind, row["time"] - began, at)
     # ... and at its cost.
+    print(f"{runtime}: paid {final['paid']:.6f} vs simulate {sim.paid:.6f}, on-demand {final['on_demand']:.6f} vs "
+          f"{sim.on_demand:.6f}, queued {final['queued_s']:.2f} s vs {sim.queued_s:.2f} s")
     assert abs(final["paid"] - sim.paid) < 1e-4 and abs(final["on_demand"] - sim.on_demand) < 1e-4, (final, sim)
     assert abs(final["queued_s"] - sim.queued_s) < 1.5, (final, sim)
 
-    print(f"{runtime}: paid {final['paid']:.6f} vs simulate {sim.paid:.6f}, on-demand {final['on_demand']:.6f} vs "
-          f"{sim.on_demand:.6f}, queued {final['queued_s']:.2f} s vs {sim.queued_s:.2f} s")
     # The same rows on every runtime.
     for other, other_shape in _ROWS.items():
         assert shape == other_shape, f"{runtime} wrote other spot rows than {other}"
