@@ -186,3 +186,50 @@ def test_a_killed_market_service_or_processor_starts_nothing_above_the_bid_and_t
         assert started - allowed < 1.0, f"started {started - allowed:.2f} s after the first quote that allowed it"
     finally:
         watch.close()
+
+
+@pytest.fixture
+def signed_services(tmp_path, monkeypatch):
+    """The services, the market service and this test sharing one signing key."""
+    for name in ("TRAINWARDEN_SIGNING_KEY", "TRAINWARDEN_SIGNING_KEY_FILE", "TRAINWARDEN_TRUSTED_NETWORK"):
+        monkeypatch.delenv(name, raising=False)
+    keys = tmp_path / "keys"
+    keys.write_text("k1 " + "1" * 40 + "\n")
+    keys.chmod(0o600)
+    monkeypatch.setenv("TRAINWARDEN_SIGNING_KEY_FILE", str(keys))
+    yield from services_on_broker(tmp_path, nodes=2, slots=2)
+
+
+def test_a_forged_quote_below_the_bid_starts_nothing_and_is_dead_lettered_on_a_signed_cluster(
+        signed_services, tmp_path, job_id):
+    from kafka import KafkaProducer
+
+    from trainwarden.bus.base import read_to_end
+    from trainwarden.bus.messages import MarketQuote
+    from trainwarden.bus.serde import encode
+    from trainwarden.events import Offer
+
+    services = signed_services
+    market = write_market(tmp_path, [(0, 0.9, 8), (10, 0.3, 8)])
+    watch = Watch(services, job_id)  # signed: it never sees the forged quote
+    try:
+        start_market(services, market)
+        proc = services.submit(write_job(tmp_path, job_id, steps=5), "--runtime", "agents", "--market", market)
+        wait_for(lambda: "queue_job" in watch.kinds(), 60, "the job to be queued")
+        forged = MarketQuote(market=market, epoch="forged", seq=0, time=time.time(), at=0.0, valid_s=60.0,
+                             offers=(Offer(instance_type="ecs.g7.xlarge", price=0.01, stock=8, on_demand=1.2),))
+        plain = KafkaProducer(bootstrap_servers=services.bootstrap)
+        plain.send(services.topic("market"), key=market.encode(), value=encode(forged))
+        plain.flush(30)
+        plain.close()
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, (out, err, services.logs())
+        [(started, _)] = [d for d in watch.decisions if d[1] == "start_job"]
+        assert watch.allowed_at and started >= watch.allowed_at[0], "the job started on the forged quote"
+        consumer = open_bus(services.bootstrap).consumer([services.topic("deadletter")], None, from_beginning=True)
+        letters = [json.loads(r.value) for r in read_to_end(consumer)]
+        consumer.close()
+        assert [letter for letter in letters if letter["service"] == "processor"
+                and letter["error"].startswith("unsigned") and "forged" in letter["value"]], letters
+    finally:
+        watch.close()
