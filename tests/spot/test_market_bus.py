@@ -194,6 +194,25 @@ def test_a_quote_seen_before_is_not_taken_again_and_a_gap_is_counted():
     assert view.offers_for({TYPE}, T0 + 1.2) == (_offer(0.3),)
 
 
+@pytest.mark.parametrize("quote", [
+    MarketQuote(market="testcloud", epoch="e1", seq=0, time=T0, at=0.0, valid_s=1e9, offers=(_offer(0.3),)),
+    MarketQuote(market="testcloud", epoch="e1", seq=0, time=T0, at=0.0, valid_s=3.0,
+                offers=(Offer(instance_type=TYPE, price=float("nan"), stock=8, on_demand=1.2),)),
+])
+def test_a_quote_that_holds_for_ever_or_is_not_a_market_is_refused_even_signed(quote):
+    view = MarketView()
+    assert not view.take(quote, T0, live=True)
+    assert view.counters.invalid == 1 and view.offers_for({TYPE}, T0) is None
+
+
+def test_a_restarted_market_service_starts_its_sequence_and_its_lateness_anew():
+    view = MarketView()
+    view.take(_quote(0.3, 7, T0), T0, live=True)
+    # The new service's clock may be anywhere: its first quote sets its own baseline.
+    assert view.take(_quote(0.9, 0, T0 - 50, epoch="e2"), T0 + 1, live=True)
+    assert view.offers_for({TYPE}, T0 + 1) == (_offer(0.9),) and view.counters.out_of_order == 0
+
+
 def test_checked_offers_refuses_a_type_offered_twice():
     assert checked_offers((_offer(0.3), _offer(0.4)))[1] == f"instance type {TYPE!r} is offered twice"
 
@@ -276,3 +295,17 @@ def test_a_processor_that_takes_a_job_over_rebuilds_its_prices_from_the_jobs_par
     assert [u.offers[0].price for u in updates] == [0.3]
     assert [d.kind for d in _decisions(bus)] == [DecisionKind.QUEUE_JOB, DecisionKind.START_JOB]
     second.close()
+
+
+# ------------------------------------------------------------ the command
+
+
+def test_the_market_command_refuses_to_start_without_a_market_or_on_a_bad_trace(cli, tmp_path):
+    missing = cli("market", "--bootstrap", "127.0.0.1:1", env={"TRAINWARDEN_MARKET": ""})
+    assert missing.code == 2 and "the market service needs --market" in missing.err, missing
+    trace = tmp_path / "market.yaml"
+    trace.write_text("instance_types:\n  ecs.g7.xlarge: {on_demand: -1}\nprices: []\n")
+    bad = cli("market", "--market", str(trace), "--bootstrap", "127.0.0.1:1")
+    assert bad.code == 2 and "market.yaml:2:" in bad.err and "'on_demand' must be a price above 0" in bad.err, bad
+    fast = cli("market", "--market", str(trace), "--interval", "0", "--bootstrap", "127.0.0.1:1")
+    assert fast.code == 2 and "--interval must be from 0.05 to 3600 seconds" in fast.err, fast

@@ -27,7 +27,8 @@ def add_commands(sub) -> None:
                                                  "start) or a registered provider's URL, e.g. mycloud://region-1")
     cluster_cmd._option(market, "--interval", env="TRAINWARDEN_MARKET_INTERVAL", type=float, default=DEFAULT_INTERVAL_S,
                         help=f"seconds between two polls of the provider (default {DEFAULT_INTERVAL_S:g})")
-    cluster_cmd._option(market, "--provider-timeout", env="TRAINWARDEN_MARKET_PROVIDER_TIMEOUT", type=float, default=DEFAULT_TIMEOUT_S,
+    cluster_cmd._option(market, "--provider-timeout", env="TRAINWARDEN_MARKET_PROVIDER_TIMEOUT", type=float,
+                        default=DEFAULT_TIMEOUT_S,
                         help="seconds a provider call may take before it counts as not answering (default "
                              f"{DEFAULT_TIMEOUT_S:g})")
     cluster_cmd._service_options(market)

@@ -99,15 +99,15 @@ class MarketService:
         except Exception as exc:  # noqa: BLE001 - a provider's failure must not stop the service
             self._call = None
             self.counters.provider_errors += 1
-            self._trouble_is("error", f"market {self.provider.name} could not be read ({repr(exc)[:300]}); no quote is published "
-                             "until it answers")
+            self._trouble_is("error", f"market {self.provider.name} could not be read ({repr(exc)[:300]}); "
+                                      "no quote is published until it answers")
             return
         self._call = None
         offers, problem = checked_offers(answer)
         if problem:
             self.counters.provider_garbage += 1
-            self._trouble_is("garbage", f"market {self.provider.name} answered something that is not a market: {problem}; "
-                             "no quote is published until it answers well")
+            self._trouble_is("garbage", f"market {self.provider.name} answered something that is not a market: "
+                                        f"{problem[:300]}; no quote is published until it answers well")
             return
         if self._trouble:
             self.say(f"market {self.provider.name} answers again")

@@ -49,7 +49,7 @@ class ProcessorCounters:
     replay_skipped: int = 0  # undecodable records a replay stepped over (dead-lettered when first met)
     lines_from_other_nodes: int = 0  # lines naming a node that does not run their incarnation: not counted
     market_updates: int = 0  # market quotes handed to spot jobs' engines (services/market_feed.py)
-    market_quotes_not_taken: int = 0  # late, out of order, or from the backlog at the start
+    market_quotes_not_taken: int = 0  # late, out of order, invalid, or from the backlog at the start
 
 
 @dataclasses.dataclass
@@ -125,7 +125,7 @@ class Processor:
                             send_to_events(self.producer))
         counted = self.market.view.counters
         self.counters.market_updates = self.market.updates
-        self.counters.market_quotes_not_taken = counted.late + counted.out_of_order + counted.backlog
+        self.counters.market_quotes_not_taken = counted.late + counted.out_of_order + counted.backlog + counted.invalid
 
     # ---------------------------------------------------------- partitions
 

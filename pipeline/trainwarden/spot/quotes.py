@@ -22,6 +22,8 @@ from trainwarden.spot.market import MAX_NOTICE_S
 
 MAX_OFFERS = 10_000  # instance types in one answer: far above any cloud's, small enough to bound a quote
 MAX_PRICE = 1e9
+MAX_VALID_S = 600.0  # however long a quote says it holds, no longer: a price is not believed for hours
+MAX_MARKETS = 64  # markets one processor follows; a quote of any further one is refused (bounded memory)
 
 
 def checked_offers(answer: object) -> tuple[tuple[Offer, ...], str]:
@@ -70,6 +72,7 @@ class QuoteCounters:
     late: int = 0  # arrived later than they hold
     missed: int = 0  # gaps in a market service's sequence
     out_of_order: int = 0  # a sequence number already seen
+    invalid: int = 0  # offers that are not a market, a validity out of range, or one market too many
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,26 +97,36 @@ class MarketView:
         self.counters = QuoteCounters()
         self._newest: dict[str, Held] = {}
         self._known: dict[str, MarketQuote] = {}  # newest read, held or not (backlog included)
-        self._floor: dict[tuple[str, str], float] = {}  # (market, epoch) -> smallest arrived - time
-        self._seq: dict[tuple[str, str], int] = {}
+        # Per market, of its newest epoch only (a restarted service's replaces the last):
+        self._epoch: dict[str, str] = {}
+        self._floor: dict[str, float] = {}  # smallest arrived - time
+        self._seq: dict[str, int] = {}
 
     def take(self, quote: MarketQuote, arrived: float, live: bool) -> bool:
         """One quote read; True when it holds (a job may be given it)."""
         self.counters.quotes += 1
-        epoch = (quote.market, quote.epoch)
-        last = self._seq.get(epoch)
+        if not 0 < quote.valid_s <= MAX_VALID_S or checked_offers(quote.offers)[1] \
+                or (quote.market not in self._epoch and len(self._epoch) >= MAX_MARKETS):
+            self.counters.invalid += 1
+            return False
+        market = quote.market
+        if self._epoch.get(market) != quote.epoch:
+            self._epoch[market] = quote.epoch
+            self._seq.pop(market, None)
+            self._floor.pop(market, None)
+        last = self._seq.get(market)
         if last is not None and quote.seq <= last:
             self.counters.out_of_order += 1
             return False
         if last is not None and quote.seq > last + 1:
             self.counters.missed += quote.seq - last - 1  # a full snapshot: the newest is all that matters
-        self._seq[epoch] = quote.seq
+        self._seq[market] = quote.seq
         self._known[quote.market] = quote
         if not live:
             self.counters.backlog += 1
             return False
         skew = arrived - quote.time
-        floor = self._floor[epoch] = min(self._floor.get(epoch, skew), skew)
+        floor = self._floor[market] = min(self._floor.get(market, skew), skew)
         if skew - floor > quote.valid_s:
             self.counters.late += 1
             self._newest.pop(quote.market, None)  # what came before it is older still
