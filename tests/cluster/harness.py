@@ -62,6 +62,7 @@ class LocalCluster:
                                                             **registry.agent_setup({**options, "node": name})))
                        for name in names}
         self.processor = Service("processor", Processor(bus, load_rules()))
+        self.extra: list[Service] = []  # services a test adds (a market service)
         self.actuator = Service("actuator", ActuatorService(bus, open_writer(self.store),
                                                             node_timeout_s=node_timeout_s,
                                                             sites={**({"slurm": slurm} if slurm else {}),
@@ -92,7 +93,7 @@ class LocalCluster:
         return [(s.name, e) for s in self.services() for e in s.errors]
 
     def services(self) -> list[Service]:
-        return [*self.agents.values(), self.processor, self.actuator]
+        return [*self.agents.values(), self.processor, self.actuator, *self.extra]
 
     def stop(self) -> None:
         for service in self.services():

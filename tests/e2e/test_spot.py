@@ -155,6 +155,16 @@ def test_a_price_limit_in_a_discount_only_pool_is_refused_before_anything_starts
     assert result.code == 2 and "job.yaml:12:" in result.err and "accepts only 'SpotDiscountLimit'" in result.err
 
 
-def test_submitting_a_spot_job_to_the_cluster_is_refused_rather_than_run_on_ordinary_capacity(cli, job_id, tmp_path):
+@pytest.mark.parametrize("runtime", ["slurm", "kubernetes"])
+def test_a_spot_job_submitted_to_a_runtime_not_wired_to_the_market_is_refused_rather_than_run_on_ordinary_capacity(
+        cli, job_id, tmp_path, runtime):
+    market = write_market(tmp_path, [(0, 0.3)])
+    result = cli("submit", write_job(tmp_path, job_id), "--runtime", runtime, "--market", market,
+                 "--bootstrap", "127.0.0.1:1")
+    assert result.code == 2 and f"the {runtime} runtime is not wired to the market yet" in result.err, result
+    assert "--runtime agents" in result.err
+
+
+def test_a_spot_job_submitted_without_a_market_to_check_its_bids_is_refused(cli, job_id, tmp_path):
     result = cli("submit", write_job(tmp_path, job_id), "--bootstrap", "127.0.0.1:1")
-    assert result.code == 2 and "spot jobs run in the embedded mode only" in result.err
+    assert result.code == 2 and "no --market to check its bids against" in result.err, result

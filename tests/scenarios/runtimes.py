@@ -34,6 +34,9 @@ from tests.scenarios.pinned import KIND as PINNED
 from trainwarden.runtime.registry import runtime_kind
 from trainwarden.services.embedded import EmbeddedRun
 from trainwarden.services.follow import Follower, submit
+from trainwarden.services.market_service import MarketService
+from trainwarden.spot.market import TraceMarket
+from trainwarden.spot.spec import check_bids
 from trainwarden.store import open_reader, open_writer
 from tests.e2e.test_c4d import send_c4d
 
@@ -66,6 +69,7 @@ class Outcome:
     # What the engine itself shows after the job, where a runtime looks (kubernetes: the
     # incarnations each pod ran, the nodes it isolated, those an operator's uncordon returned).
     engine: dict = dataclasses.field(default_factory=dict)
+    spot: list[dict] = dataclasses.field(default_factory=list)  # the spot_transitions rows, in time order
 
     @property
     def succeeded(self) -> bool:
@@ -90,12 +94,18 @@ def job(job_id: str, tmp: Path, args: str, *program: str, nproc: int = 2, python
 
 
 def run(runtime: str, tmp: Path, definition: JobDefinition, trigger: Optional[Trigger] = None,
-        timeout_s: float = 90.0, slurm=None) -> Outcome:
-    """slurm: the site for the slurm runtime (default: slurm_site(tmp))."""
+        timeout_s: float = 90.0, slurm=None, market: Optional[str] = None) -> Outcome:
+    """slurm: the site for the slurm runtime (default: slurm_site(tmp)); market:
+    a trace file for a spot job (``run --market``; on a cluster, its market
+    service, started as the job is submitted: the trace's time 0 is then)."""
     kind = runtime_kind(runtime)  # a runtime the registry does not know is a mistake in the test
     if not kind.submitted:
-        return _run_local(tmp, definition, trigger, timeout_s)
+        return _run_local(tmp, definition, trigger, timeout_s, market)
     definition = dataclasses.replace(definition, runtime=kind.name)
+    if market is not None:
+        if runtime != "agents":
+            pytest.skip(f"spot jobs are not wired to the {runtime} runtime yet (issue 25): submit refuses them")
+        return _run_agents(tmp, definition, trigger, timeout_s, market=market)
     if runtime == "slurm":  # its agents are those of the Slurm nodes, its site the cluster CI starts
         return _run_agents(tmp, definition, trigger, timeout_s, slurm=slurm or slurm_site(tmp))
     if runtime == "kubernetes":  # its agents are those of the Kubernetes nodes CI starts, adopting the pods
@@ -241,7 +251,8 @@ def cancel_slurm_jobs(job_id: str) -> None:
             cli.resume(node.name)
 
 
-def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger], timeout_s: float) -> Outcome:
+def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger], timeout_s: float,
+               market: Optional[str] = None) -> Outcome:
     store = tmp / "store"
     c4d_socket = tmp / "c4d.sock"
     lines: list[LogLine] = []
@@ -265,8 +276,10 @@ def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger],
         def info(self, text: str) -> None:
             pass
 
+    provider = TraceMarket.load(market) if market else None
     embedded = EmbeddedRun(definition, load_rules(), open_writer(store), Reporter(), node="local-node",
-                           c4d_socket=str(c4d_socket))
+                           c4d_socket=str(c4d_socket), market=provider,
+                           spot=check_bids(definition.spot, provider) if provider else ())
     thread = threading.Thread(target=embedded.run, daemon=True)
     thread.start()
     thread.join(timeout_s)
@@ -277,9 +290,10 @@ def _run_local(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger],
 
 
 def _run_agents(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger], timeout_s: float,
-                slurm=None, sites=None, node_names=None, agent_options=None, after=None) -> Outcome:
+                slurm=None, sites=None, node_names=None, agent_options=None, after=None,
+                market: Optional[str] = None) -> Outcome:
     """after(bus): looks at the engine once the job ended, the services still up."""
-    from tests.cluster.harness import LocalCluster
+    from tests.cluster.harness import LocalCluster, Service
 
     bus = MemoryBus()
     cluster = LocalCluster(bus, tmp, slurm=slurm, sites=sites, node_names=node_names, agent_options=agent_options)
@@ -302,7 +316,10 @@ def _run_agents(tmp: Path, definition: JobDefinition, trigger: Optional[Trigger]
                 with open(cluster.c4d_logs[node], "a") as channel:
                     channel.write(said + "\n")
 
-        submit(bus, definition)
+        provider = TraceMarket.load(market) if market else None
+        if provider is not None:  # the market service, its trace starting now, as the job is submitted
+            cluster.extra.append(Service("market", MarketService(bus, provider, interval_s=0.2)))
+        submit(bus, definition, check_bids(definition.spot, provider) if provider else ())
         final = follower.follow(on_line, lambda d: None, timeout_s=timeout_s)
         # What the instances printed after the decisions (the last lines of a stop) still arrives.
         follower.follow(on_line, lambda d: None, timeout_s=1.0)
@@ -328,4 +345,5 @@ def _history(runtime: str, store: Path, job_id: str, final, lines, files) -> Out
                                   where)
         jobs = reader.jobs(job_id)
         letters = reader.dead_letters(limit=1000)
-    return Outcome(runtime, final, lines, faults, stacks, diagnoses, jobs, letters, files)
+        spot = sorted(reader.spot_transitions(job_id=job_id), key=lambda r: r["time"])
+    return Outcome(runtime, final, lines, faults, stacks, diagnoses, jobs, letters, files, spot=spot)

@@ -22,6 +22,7 @@ from trainwarden.bus.base import (
     DECISIONS,
     EVENTS,
     LOGS,
+    MARKET,
     NODES,
     PREFIX,
     Bus,
@@ -30,7 +31,8 @@ from trainwarden.bus.base import (
     TopicSpec,
 )
 
-__all__ = ["ACTUATOR_STATE", "ALL_TOPICS", "PREFIX", "COMMANDS", "DEAD_LETTERS", "DECISIONS", "EVENTS", "LOGS", "NODES",
+__all__ = ["ACTUATOR_STATE", "ALL_TOPICS", "PREFIX", "COMMANDS", "DEAD_LETTERS", "DECISIONS", "EVENTS", "LOGS", "MARKET",
+           "NODES",
            "Bus", "BusError", "Message", "TopicSpec", "open_bus", "register_transport", "topic_specs"]
 
 
@@ -103,5 +105,5 @@ def _max_age_from_env(signing) -> float:
 
 
 def topic_specs(partitions: int) -> list[TopicSpec]:
-    return [TopicSpec(name, 1 if name in (ACTUATOR_STATE,) else partitions, name in COMPACTED_TOPICS)
+    return [TopicSpec(name, 1 if name in (ACTUATOR_STATE, MARKET) else partitions, name in COMPACTED_TOPICS)
             for name in ALL_TOPICS]

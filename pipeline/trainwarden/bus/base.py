@@ -26,8 +26,9 @@ COMMANDS = f"{PREFIX}.commands"
 NODES = f"{PREFIX}.nodes"  # agent heartbeats, keyed by node
 ACTUATOR_STATE = f"{PREFIX}.actuator"  # compacted: executed actions, node states
 DEAD_LETTERS = f"{PREFIX}.deadletter"
-ALL_TOPICS = (LOGS, EVENTS, DECISIONS, COMMANDS, NODES, ACTUATOR_STATE, DEAD_LETTERS)
-COMPACTED_TOPICS = (ACTUATOR_STATE,)
+MARKET = f"{PREFIX}.market"  # compacted: the market service's quotes, keyed by market, read in full by every processor
+ALL_TOPICS = (LOGS, EVENTS, DECISIONS, COMMANDS, NODES, ACTUATOR_STATE, DEAD_LETTERS, MARKET)
+COMPACTED_TOPICS = (ACTUATOR_STATE, MARKET)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import msgspec
 
-from trainwarden.events import Decision, InstanceSpec, JobSpec, Stream
+from trainwarden.events import Decision, InstanceSpec, JobSpec, Offer, Stream
 from trainwarden.store.records import DeadLetter, DiagnosisRecord
 
 
@@ -196,3 +196,18 @@ class Recorded(msgspec.Struct, frozen=True, tag="recorded"):
     job_id: str
     diagnoses: tuple[DiagnosisRecord, ...] = ()
     dead_letters: tuple[DeadLetter, ...] = ()
+
+
+class MarketQuote(msgspec.Struct, frozen=True, tag="market_quote"):
+    """What the market service saw on offer (every instance type of its
+    market, a full snapshot), on the market topic for every processor; each
+    processor hands it to the engines of the spot jobs it owns as their
+    ``market_update`` (services/market_feed.py)."""
+
+    market: str  # the provider's name
+    epoch: str  # one per market service start: seq and time count within it
+    seq: int  # 0, 1, 2, ... within the epoch: a gap is a missed quote
+    time: float  # when it was polled, on the market service's clock (compared only with its own)
+    at: float  # seconds since the market's origin (a trace's time)
+    valid_s: float  # how long it holds: the service quotes again well before, changed or not
+    offers: tuple[Offer, ...]

@@ -9,7 +9,7 @@ from typing import Union
 
 import msgspec
 
-from trainwarden.bus.base import ACTUATOR_STATE, COMMANDS, DEAD_LETTERS, DECISIONS, EVENTS, LOGS, NODES
+from trainwarden.bus.base import ACTUATOR_STATE, COMMANDS, DEAD_LETTERS, DECISIONS, EVENTS, LOGS, MARKET, NODES
 from trainwarden.bus.messages import (
     ActionDone,
     ActionIntent,
@@ -18,6 +18,7 @@ from trainwarden.bus.messages import (
     ExpectTasks,
     Heartbeat,
     LogBatch,
+    MarketQuote,
     NodeState,
     Recorded,
     StackDumps,
@@ -33,6 +34,7 @@ from trainwarden.events import (
     InstanceExited,
     InstanceStarted,
     JobSubmitted,
+    MarketUpdate,
     NodeLost,
     Preempted,
     SdkMessage,
@@ -48,7 +50,7 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 SIGNED_PREFIX = b'{"tw_signed":1,'
 
 EventMessage = Union[JobSubmitted, InstanceStarted, InstanceExited, SdkMessage, InstanceActivity, NodeLost, Diagnosis,
-                     Preempted, DecisionRecord]
+                     Preempted, DecisionRecord, MarketUpdate]
 LogMessage = Union[LogBatch, WireLogLine]
 CommandMessage = Union[StartInstance, StopInstances, ExpectTasks]
 ActuatorStateMessage = Union[ActionIntent, ActionDone, NodeState, StackReportReady]
@@ -76,6 +78,7 @@ _decoders = {
     NODES: msgspec.json.Decoder(NodeMessage),
     ACTUATOR_STATE: msgspec.json.Decoder(ActuatorStateMessage),
     DEAD_LETTERS: msgspec.json.Decoder(DeadLetterMessage),
+    MARKET: msgspec.json.Decoder(MarketQuote),
 }
 _encoder = msgspec.json.Encoder()
 

@@ -145,6 +145,8 @@ def add_commands(sub) -> None:
     _option(submit, "--preload", metavar="MODULES",
             help="modules the agents' standby interpreters import for the job, e.g. torch,numpy: a restart takes "
                  "a warm interpreter instead of a fresh one (adds to the job file's preload:)")
+    _option(submit, "--market", help="a job with spot roles: the market its bids are checked against, the one the "
+                                     "cluster's market service polls (a trace file or a registered provider's URL)")
     _switch(submit, "--follow", help="stream output and exit 0/1 with the outcome")
     _switch(submit, "--quiet", help="with --follow: decisions only")
     # As `run -o json`: JSON lines of events. --json is the same (as for every other command).
@@ -531,20 +533,21 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
     job = dataclasses.replace(job, runtime=args.runtime, workdir=job.workdir or os.getcwd())
     if args.preload:
         job = job.with_preload(parse_preload(args.preload))
+    from trainwarden.cli.market_cmd import spot_bids
+
+    bids, refused = spot_bids(job, args.market)  # before the runtime's checks: a spot job goes nowhere else
+    if refused:
+        return fail(*refused)
     pre_submit = registry.runtime_kind(args.runtime).pre_submit
     problem = pre_submit(args.job_file) if pre_submit is not None else ""
     if problem:
         # The runtime's engine cannot run it (its section, the cluster, a permission): nothing is submitted.
         return fail(problem, code=2)
-    if job.spot:
-        # The cluster has no market service yet: a spot job must not silently run on ordinary capacity.
-        return fail("spot jobs run in the embedded mode only for now",
-                    hint="run it with: trainwarden run JOB.yaml --market TRACE")
     bus = open_bus(args.bootstrap, service="submit", **_signing(args))
     follower = Follower(bus, job.job_id) if args.follow else None
     if follower is not None and not follower.ready():
         return fail("could not subscribe to the job's output in 30 s", code=1)
-    submit(bus, job)
+    submit(bus, job, bids)
     err_console.print(f"trainwarden ▸ submitted {job.job_id} ({plural(len(job.instances()), 'instance')})")
     if as_json:
         _json_line({"event": "submitted", "job_id": job.job_id, "instances": len(job.instances()),

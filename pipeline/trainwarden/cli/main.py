@@ -196,13 +196,14 @@ COMMAND_MODULES = (
     "trainwarden.cli.report_cmd",
     "trainwarden.cli.notify_cmd",
     "trainwarden.cli.spot_cmd",
+    "trainwarden.cli.market_cmd",
     "trainwarden.cli.runtimes_cmd",
 )
 
 
 # The long-lived processes that hold the signing key (and a broker password):
 # not dumpable, and no secret left in their environment (hardening.py).
-PROTECTED_COMMANDS = frozenset({"agent", "processor", "actuator", "notifier", "run"})
+PROTECTED_COMMANDS = frozenset({"agent", "processor", "actuator", "notifier", "market", "run"})
 
 
 def _command_modules():

@@ -69,7 +69,8 @@ class ClusterJob(Outbox):
         return self.drain()
 
     def stop_on_agents(self, names: Sequence[str], snapshot: str,
-                       incarnations: Optional[Mapping[str, tuple[int, int]]] = None) -> None:
+                       incarnations: Optional[Mapping[str, tuple[int, int]]] = None,
+                       grace_s: Optional[float] = None) -> None:
         """Stop these instances where they run: ``incarnations`` (the
         decision's) exactly, else the ones this actuator started last."""
         self.waiting = [w for w in self.waiting if w[0] not in names]
@@ -89,7 +90,8 @@ class ClusterJob(Outbox):
             if snapshot:
                 self.say(DumpsExpected(snapshot, node))
             self.send(StopInstances(node=node, job_id=self.job_id, action_id="stop",
-                                                 instances=tuple(instances), grace_s=self.spec.stop_grace_s,
+                                                 instances=tuple(instances),
+                                                 grace_s=self.spec.stop_grace_s if grace_s is None else grace_s,
                                                  incarnations=targets, snapshot_report=snapshot))
 
     def end_on_agents(self) -> None:
@@ -154,7 +156,7 @@ class ClusterJob(Outbox):
 
 class AgentsRuntime(ClusterJob):
     capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.ISOLATE_NODE,
-                              Capability.STACK_DUMP})
+                              Capability.STACK_DUMP, Capability.PREEMPT})
 
     def start(self, name: str, round_: int, start: int) -> None:
         # The same incarnation again (an action finished after a crash or a
@@ -179,6 +181,11 @@ class AgentsRuntime(ClusterJob):
 
     def isolate_node(self, node: str, reason: str) -> None:
         self.say(NodeIsolated(node, reason))
+
+    def preempt(self, notice_s: float) -> None:
+        """The market took a spot job's capacity back: SIGTERM, and the pool's
+        notice before SIGKILL (none: at once), as a cloud's reclaim gives."""
+        self.stop_on_agents(self.instance_names, "", dict(self.incarnation), grace_s=notice_s)
 
     def finish(self) -> None:
         self.end_on_agents()

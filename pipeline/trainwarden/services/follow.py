@@ -12,19 +12,20 @@ from trainwarden.bus import ACTUATOR_STATE, DECISIONS, EVENTS, LOGS, Bus
 from trainwarden.bus.messages import LogBatch, StackReportReady, WireLogLine
 from trainwarden.bus.serde import DecodeError, decode, encode
 from trainwarden.clock import now as clock_now
-from trainwarden.events import Decision, DecisionKind, JobSubmitted, LogLine
+from trainwarden.events import Decision, DecisionKind, JobSubmitted, LogLine, SpotBid
 from trainwarden.jobspec import JobDefinition
 
 
-def job_submitted(job: JobDefinition) -> JobSubmitted:
+def job_submitted(job: JobDefinition, spot: tuple[SpotBid, ...] = ()) -> JobSubmitted:
+    """spot: the bids checked against the market (spot/spec.py check_bids)."""
     return JobSubmitted(job_id=job.job_id, time=clock_now(), framework=job.framework, args=job.args,
-                        instances=job.instances(), spec=job.spec(), activity_reports=True)
+                        instances=job.instances(), spec=job.spec(), activity_reports=True, spot=spot)
 
 
-def submit(bus: Bus, job: JobDefinition) -> None:
+def submit(bus: Bus, job: JobDefinition, spot: tuple[SpotBid, ...] = ()) -> None:
     producer = bus.producer()
     try:
-        producer.send(EVENTS, job.job_id, encode(job_submitted(job)))
+        producer.send(EVENTS, job.job_id, encode(job_submitted(job, spot)))
         producer.flush(30)
     finally:
         producer.close()

@@ -26,6 +26,7 @@ from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
 from trainwarden.clock import now as clock_now
 from trainwarden.engine import JobState, rebase_times, replay_decision, start_job
 from trainwarden.engine.state import InstanceStatus
+from trainwarden.services.market_feed import MarketFeed, send_to_events
 from trainwarden.events import Decision, JobSubmitted, LogLine, Tick
 from trainwarden.store.records import DeadLetter
 from trainwarden.supervision.intake import Taken, take
@@ -47,6 +48,8 @@ class ProcessorCounters:
     duplicate_submissions: int = 0
     replay_skipped: int = 0  # undecodable records a replay stepped over (dead-lettered when first met)
     lines_from_other_nodes: int = 0  # lines naming a node that does not run their incarnation: not counted
+    market_updates: int = 0  # market quotes handed to spot jobs' engines (services/market_feed.py)
+    market_quotes_not_taken: int = 0  # late, out of order, invalid, or from the backlog at the start
 
 
 @dataclasses.dataclass
@@ -71,6 +74,8 @@ class Processor:
         self._assigned: list = []
         self.producer = bus.producer()
         self.consumer = bus.consumer([EVENTS, LOGS], group, from_beginning=True, on_assign=self._assigned.extend)
+        # Spot prices: the whole market topic, outside the group (every processor needs every quote).
+        self.market = MarketFeed(bus, clock)
 
     def use_rules(self, pack: RulePack) -> None:
         """Rules for the jobs submitted from now on (a reload). A running job
@@ -91,6 +96,7 @@ class Processor:
                 continue
             self._route(record)
         self._finish_replays()
+        self._hand_on_market()
         self.producer.flush()
         self.consumer.commit()
 
@@ -109,7 +115,17 @@ class Processor:
             self.producer.flush(5)
         finally:
             self.consumer.close()
+            self.market.close()
             self.producer.close()
+
+    def _hand_on_market(self) -> None:
+        """The quotes read since the last turn, to the spot jobs owned (not while their partition replays)."""
+        self.market.poll()
+        self.market.hand_on(self.jobs, lambda job_id: self.partition_of.get(job_id) in self.replays,
+                            send_to_events(self.producer))
+        counted = self.market.view.counters
+        self.counters.market_updates = self.market.updates
+        self.counters.market_quotes_not_taken = counted.late + counted.out_of_order + counted.backlog + counted.invalid
 
     # ---------------------------------------------------------- partitions
 
@@ -123,6 +139,7 @@ class Processor:
             for job_id in [j for j, p in self.partition_of.items() if p == partition]:
                 self.jobs.pop(job_id, None)
                 self.partition_of.pop(job_id, None)
+                self.market.forget([job_id])
             end = self.consumer.end_offset(EVENTS, partition)
             if end > 0:
                 self.replays[partition] = _Replay(end=end)
