@@ -100,6 +100,7 @@ class Decisions:
         self.job_id = job_id
         self.consumer = KafkaBus(services.bootstrap).consumer([services.topic("decisions")], None)
         self.seen: list[tuple[float, dict]] = []
+        wait_for(self.consumer.ready, 30, "the decisions topic's end")  # "latest" is looked up lazily
 
     def poll(self) -> None:
         for record in self.consumer.poll(0.05):
@@ -134,5 +135,101 @@ def wait_until(predicate, timeout_s: float, what: str) -> float:
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-__all__ = ["Decisions", "NCCL", "Services", "controlled_job", "short_session_broker", "started", "wait_for",
-           "wait_until"]
+def submit_controlled(services: ServiceProcesses, job_id: str, work: Path, args: str):
+    work.mkdir()
+    return services.submit("--job-id", job_id, "--nproc", "2", "--args", args, "--", *controlled_job(work))
+
+
+def _round_started(work: Path, round_: int) -> bool:
+    return started(work, 0, round_) and started(work, 1, round_)
+
+
+def processor_takeover(services: Services, job_id: str, work: Path) -> float:
+    """Kill the processor holding a running job and crash a rank at once:
+    the seconds from the kill to the survivor's restart decision."""
+    proc = submit_controlled(services, job_id, work, "--enable-job-restart=True")
+    decisions = Decisions(services, job_id)
+    try:
+        wait_for(lambda: _round_started(work, 0), 60, "round 0 of both ranks")
+        services.kill(services.owner(job_id))
+        killed = time.monotonic()
+        (work / "crash-0").touch()  # rank 1 fails now: a decision only a live processor can take
+        when, _ = decisions.first(lambda d: d["kind"] == "restart_job", 60, "restart_job after the crash")
+        wait_for(lambda: _round_started(work, 1), 30, "round 1 of both ranks")
+        return when - killed
+    finally:
+        decisions.close()
+        _end(proc)
+
+
+def hang_during_takeover(services: Services, job_id: str, work: Path, interval_s: int) -> float:
+    """Silence every rank, and kill the job's processor 2 s into the silence
+    (the hang falls due while the survivor takes the job over): the seconds
+    of silence until the ``job_hang`` decision."""
+    proc = submit_controlled(services, job_id, work, f"--enable-job-restart=True --enable-job-hang-detection=True "
+                                                     f"--job-hang-interval={interval_s}")
+    decisions = Decisions(services, job_id)
+    try:
+        wait_for(lambda: _round_started(work, 0), 60, "round 0 of both ranks")
+        owner = services.owner(job_id)
+        (work / "hush").touch()
+        silent_from = time.monotonic()
+        time.sleep(2.0)  # the scenario's timing, not a wait for a condition
+        services.kill(owner)
+        when, _ = decisions.first(lambda d: d["reason"] == "job_hang", 60, "job_hang")
+        return when - silent_from
+    finally:
+        decisions.close()
+        _end(proc)
+
+
+def actuator_restart(services: ServiceProcesses, job_id: str, work: Path) -> float:
+    """Kill the actuator, crash a rank (the processor decides a restart at
+    once) and start a new actuator, as a service manager does: the seconds
+    from the kill to every instance of the new round started."""
+    proc = submit_controlled(services, job_id, work, "--enable-job-restart=True")
+    try:
+        wait_for(lambda: _round_started(work, 0), 60, "round 0 of both ranks")
+        services.kill("actuator")
+        killed = time.monotonic()
+        (work / "crash-0").touch()
+        services.start("actuator")
+        return wait_until(lambda: _round_started(work, 1), 60, "round 1 of both ranks") - killed
+    finally:
+        _end(proc)
+
+
+def agent_restart(services: ServiceProcesses, job_id: str, work: Path) -> tuple[float, list[dict]]:
+    """Kill the agent of the node running rank 0 and start it again at once,
+    as a service manager does: the seconds from the kill to every instance
+    of round 1 started, and the job's decisions until then."""
+    proc = submit_controlled(services, job_id, work, "--enable-job-restart=True")
+    decisions = Decisions(services, job_id)
+    try:
+        wait_for(lambda: _round_started(work, 0), 60, "round 0 of both ranks")
+        wait_for(lambda: _node_of(services, job_id, "worker-0"), 30, "worker-0's output file")
+        node = _node_of(services, job_id, "worker-0")
+        services.kill(f"agent-{node}")
+        killed = time.monotonic()
+        services.start_agent(node)
+        took = wait_until(lambda: _round_started(work, 1), 60, "round 1 of both ranks") - killed
+        decisions.poll()
+        return took, [d for _, d in decisions.seen]
+    finally:
+        decisions.close()
+        _end(proc)
+
+
+def _node_of(services: ServiceProcesses, job_id: str, instance: str) -> str:
+    """The node whose agent writes round 0 of ``instance``'s output ("" before it does)."""
+    return next((n for n in services.node_names
+                 if any((services.tmp / f"logs-{n}" / job_id / instance).glob("r0-*.log"))), "")
+
+
+def _end(proc) -> None:
+    proc.kill()
+    proc.communicate(timeout=30)
+
+
+__all__ = ["Decisions", "NCCL", "Services", "actuator_restart", "controlled_job", "hang_during_takeover",
+           "processor_takeover", "short_session_broker", "started", "submit_controlled", "wait_for", "wait_until"]
