@@ -220,6 +220,57 @@ def agent_restart(services: ServiceProcesses, job_id: str, work: Path) -> tuple[
         _end(proc)
 
 
+def restartable_broker(bootstrap: str) -> None:
+    """Skip, saying why, unless KAFKA_DATA_DIR names the local-kafka broker
+    at ``bootstrap`` (as .ci/run sets it): a test stops and starts only a
+    broker it was pointed at, never a shared one by its default directory."""
+    from tests.cluster.processes import KAFKA_SCRIPT
+
+    if not os.environ.get("KAFKA_DATA_DIR"):
+        pytest.skip("this test stops and starts the broker: set KAFKA_DATA_DIR to the data directory of the "
+                    "deploy/kafka/local-kafka broker at TRAINWARDEN_KAFKA (.ci/run does)")
+    env = dict(os.environ, KAFKA_PORT=bootstrap.rsplit(":", 1)[1])
+    status = subprocess.run([str(KAFKA_SCRIPT), "status"], env=env, capture_output=True, text=True, timeout=60)
+    if status.returncode != 0:
+        pytest.skip(f"no local-kafka broker of KAFKA_DATA_DIR={os.environ['KAFKA_DATA_DIR']} runs at {bootstrap}")
+
+
+def broker_outage(services: ServiceProcesses, job_id: str, work: Path, outage_s: float) -> tuple[float, float]:
+    """Stop the broker (deploy/kafka/local-kafka, TRAINWARDEN_KAFKA's port and
+    KAFKA_DATA_DIR), crash a rank while it is down, start it again after
+    ``outage_s``: the seconds from the broker ready again to every service's
+    /readyz answering 200 (``services`` serve metrics), and to every instance
+    of the round the crash calls for started."""
+    from tests.cluster.processes import KAFKA_SCRIPT
+
+    env = dict(os.environ, KAFKA_PORT=services.bootstrap.rsplit(":", 1)[1])
+    proc = submit_controlled(services, job_id, work, "--enable-job-restart=True")
+    try:
+        wait_for(lambda: _round_started(work, 0), 60, "round 0 of both ranks")
+        subprocess.run([str(KAFKA_SCRIPT), "stop"], env=env, check=True, capture_output=True, timeout=120)
+        (work / "crash-0").touch()
+        time.sleep(outage_s)  # the outage's length, the scenario's
+        subprocess.run([str(KAFKA_SCRIPT), "start"], env=env, check=True, capture_output=True, timeout=120)
+        back = time.monotonic()
+        ready = wait_until(lambda: all(_ready(services, name) for name in services.metrics_ports), 120,
+                           "every service ready") - back
+        acted = wait_until(lambda: _round_started(work, 1), 120, "round 1 of both ranks") - back
+        return ready, acted
+    finally:
+        _end(proc)
+
+
+def _ready(services: ServiceProcesses, name: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(services.metrics_url(name, "/readyz"), timeout=2) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def _node_of(services: ServiceProcesses, job_id: str, instance: str) -> str:
     """The node whose agent writes round 0 of ``instance``'s output ("" before it does)."""
     return next((n for n in services.node_names
@@ -231,5 +282,6 @@ def _end(proc) -> None:
     proc.communicate(timeout=30)
 
 
-__all__ = ["Decisions", "NCCL", "Services", "actuator_restart", "controlled_job", "hang_during_takeover",
-           "processor_takeover", "short_session_broker", "started", "submit_controlled", "wait_for", "wait_until"]
+__all__ = ["Decisions", "NCCL", "Services", "actuator_restart", "agent_restart", "broker_outage", "controlled_job",
+           "hang_during_takeover", "processor_takeover", "restartable_broker", "short_session_broker", "started",
+           "submit_controlled", "wait_for", "wait_until"]

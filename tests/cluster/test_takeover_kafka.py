@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import pytest
 
+from tests.cluster.processes import ServiceProcesses
 from tests.cluster.takeover import (
     Services,
     actuator_restart,
     agent_restart,
+    broker_outage,
     hang_during_takeover,
     processor_takeover,
+    restartable_broker,
     short_session_broker,
     wait_for,
 )
@@ -24,6 +27,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 TAKEOVER_S = 3.0
 HANG_INTERVAL_S = 5
+OUTAGE_S = 15  # the clients' reconnect backoff has grown to its cap by then
 
 
 @pytest.fixture
@@ -62,3 +66,16 @@ def test_an_agent_restarted_within_the_node_timeout_has_what_died_with_it_restar
     assert took <= TAKEOVER_S, (f"round 1 started {took:.1f} s after the agent was killed", services.logs())
     restarts = [(d["kind"], d["error_source"]) for d in decisions if d["kind"] != "start_job"]
     assert restarts == [("restart_job", "node_lost")], restarts
+
+
+def test_after_a_broker_outage_every_service_is_ready_and_a_crash_it_held_back_is_acted_on_within_3_s(
+        job_id, tmp_path):
+    bootstrap = short_session_broker()
+    restartable_broker(bootstrap)
+    services = ServiceProcesses(bootstrap, tmp_path, nodes=2, metrics=True, node_timeout_s=10.0)
+    try:
+        ready, acted = broker_outage(services, job_id, tmp_path / "work", OUTAGE_S)
+        assert ready <= TAKEOVER_S, (f"the services were ready {ready:.1f} s after the broker", services.logs())
+        assert acted <= TAKEOVER_S, (f"the crash was acted on {acted:.1f} s after the broker", services.logs())
+    finally:
+        services.stop()
