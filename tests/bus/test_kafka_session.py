@@ -26,3 +26,36 @@ def test_a_session_timeout_that_is_not_whole_milliseconds_in_bounds_is_refused_n
 
 def test_a_member_heartbeats_four_times_a_session_but_at_least_once_a_second():
     assert [heartbeat_interval_ms(ms) for ms in (1000, 2000, 6000, 10000)] == [250, 500, 1000, 1000]
+
+
+def test_on_a_stock_broker_every_group_consumer_of_a_bus_joins_with_6_s_sessions_said_once(caplog):
+    """On a broker that keeps the stock group.min.session.timeout.ms (6 s):
+    a second consumer refused after the first fell back must not be taken for
+    an operator's refused choice (it once was: the actuator never joined)."""
+    import os
+    import time
+    import uuid
+
+    from trainwarden.bus.base import TopicSpec
+    from trainwarden.bus.kafka import STOCK_MIN_SESSION_MS, KafkaBus
+
+    bootstrap = os.environ.get("TRAINWARDEN_KAFKA")
+    if not bootstrap:
+        pytest.skip("no Kafka broker: set TRAINWARDEN_KAFKA=HOST:PORT (deploy/kafka/local-kafka start)")
+    os.environ.pop(SESSION_ENV, None)
+    bus = KafkaBus(bootstrap)
+    topic = f"twt-session-{uuid.uuid4().hex[:6]}"
+    bus.create_topics([TopicSpec(topic, 1)])
+    consumers = [bus.consumer([topic], f"{topic}-{n}", from_beginning=True) for n in range(2)]
+    try:
+        deadline = time.monotonic() + 30
+        while not all(c.ready() for c in consumers) and time.monotonic() < deadline:
+            for consumer in consumers:
+                consumer.poll(0.1)
+        if bus.session_ms == SESSION_TIMEOUT_MS:
+            pytest.skip(f"the broker at {bootstrap} grants {SESSION_TIMEOUT_MS} ms sessions: no fallback to check")
+        assert all(c.ready() for c in consumers) and bus.session_ms == STOCK_MIN_SESSION_MS
+        assert sum("refuses consumer sessions" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        for consumer in consumers:
+            consumer.close()

@@ -266,13 +266,16 @@ class KafkaBus:
         """The broker refused to join the group with our session timeout (its
         group.min.session.timeout.ms is higher): the default falls back to a
         stock broker's minimum, said once; an operator's choice is an error."""
-        refused = self.session_ms
+        # This consumer's own: another consumer of this bus may have fallen back already.
+        refused = adapter._consumer.config["session_timeout_ms"]
         if self._session_chosen or refused >= STOCK_MIN_SESSION_MS:
             raise BusError(f"Kafka at {self.bootstrap} refuses consumer sessions of {refused} ms "
                            "(its group.min.session.timeout.ms is higher).",
                            hint=f"lower group.min.session.timeout.ms on the broker (docs/OPERATIONS.md, Takeover), "
                                 f"or set {SESSION_ENV} to at least its value ({STOCK_MIN_SESSION_MS} on a stock "
                                 "broker)")
+        if self.session_ms == STOCK_MIN_SESSION_MS:  # said once per bus, for its first consumer refused
+            return self._open_consumer(kafka, topics, group, from_beginning, adapter)
         self.session_ms = STOCK_MIN_SESSION_MS
         _log.warning("Kafka at %s refuses consumer sessions of %d ms: using %d ms, so a killed processor or actuator "
                      "is replaced only after about %d s. Fix: set group.min.session.timeout.ms=1000 on the broker "
