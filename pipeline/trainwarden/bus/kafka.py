@@ -37,6 +37,43 @@ APPEND_TIME = {APPEND_TIME_KEY: "LogAppendTime"}
 LOGIN_CHECK_S = 10.0
 _log = logging.getLogger("trainwarden.kafka")
 UNREACHABLE_HINT = "start it (deploy/kafka/local-kafka start) or pass --bootstrap HOST:PORT"
+# A consumer group member killed without leaving (SIGKILL, a lost host) keeps
+# its partitions until its session expires: the session bounds how soon a
+# surviving processor, or a restarted actuator or agent, takes over
+# (docs/OPERATIONS.md, "Takeover"). 2 s needs a broker whose
+# group.min.session.timeout.ms allows it (deploy/kafka/server.properties);
+# a stock broker's minimum is 6 s, to which the default falls back.
+SESSION_ENV = "TRAINWARDEN_KAFKA_SESSION_TIMEOUT_MS"
+SESSION_TIMEOUT_MS = 2000
+STOCK_MIN_SESSION_MS = 6000
+SESSION_BOUNDS_MS = (1000, 300000)
+
+
+# A client retries a lost broker with a backoff that doubles up to this (the
+# client's default is 30 s): after an outage every service is back within a
+# second of the broker, not at its next attempt up to 30 s later.
+RECONNECT_BACKOFF_MAX_MS = 1000
+
+
+def session_timeout_ms(environ=None) -> tuple[int, bool]:
+    """The consumers' session timeout and whether the operator chose it
+    (``SESSION_ENV``); BusError naming the variable when it is not a whole
+    number of milliseconds within ``SESSION_BOUNDS_MS``."""
+    raw = (os.environ if environ is None else environ).get(SESSION_ENV, "").strip()
+    if not raw:
+        return SESSION_TIMEOUT_MS, False
+    low, high = SESSION_BOUNDS_MS
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise BusError(f"{SESSION_ENV}={raw[:40]!r} is not a whole number of milliseconds from {low} to {high}.",
+                       hint=f"unset it for the default ({SESSION_TIMEOUT_MS} ms), or give e.g. {STOCK_MIN_SESSION_MS} "
+                            "for a broker that keeps the stock group.min.session.timeout.ms")
+    return int(raw), True
+
+
+def heartbeat_interval_ms(session_ms: int) -> int:
+    """A quarter of the session, at most 1 s: a survivor hears of a rebalance
+    at its next heartbeat, and a session survives three lost ones."""
+    return max(100, min(1000, session_ms // 4))
 
 # kafka-python logs every reconnect attempt as an error; the services report
 # the state of the bus themselves. TRAINWARDEN_KAFKA_DEBUG=FILE writes the
@@ -79,6 +116,7 @@ class KafkaBus:
         self.bootstrap = bootstrap
         self.client_id = client_id
         self.security = security if security is not None else KafkaSecurity.from_env()
+        self.session_ms, self._session_chosen = session_timeout_ms()
         self._login_checked = False
 
     def __repr__(self) -> str:
@@ -86,7 +124,8 @@ class KafkaBus:
 
     def _options(self) -> dict:
         self._check_login()
-        return dict(bootstrap_servers=self.bootstrap, client_id=self.client_id, **self.security.client_options())
+        return dict(bootstrap_servers=self.bootstrap, client_id=self.client_id,
+                    reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS, **self.security.client_options())
 
     def _check_login(self) -> None:
         if self._login_checked:
@@ -173,20 +212,26 @@ class KafkaBus:
     def consumer(self, topics: Sequence[str], group: Optional[str], from_beginning: bool = False,
                  on_assign: Optional[Callable[[list[tuple[str, int]]], None]] = None) -> "KafkaConsumerAdapter":
         kafka = _kafka()
+        adapter = KafkaConsumerAdapter(None, kafka, on_assign, self._who())
+        adapter._consumer = self._open_consumer(kafka, topics, group, from_beginning, adapter)
+        if group is not None:
+            adapter._refused_session = lambda: self._refused_session(kafka, topics, group, from_beginning, adapter)
+        return adapter
+
+    def _open_consumer(self, kafka, topics: Sequence[str], group: Optional[str], from_beginning: bool, adapter):
         try:
             consumer = kafka.KafkaConsumer(
                 **self._options(), group_id=group,
                 enable_auto_commit=False, auto_offset_reset="earliest" if from_beginning else "latest",
                 max_partition_fetch_bytes=MAX_REQUEST_BYTES, fetch_max_bytes=4 * MAX_REQUEST_BYTES,
-                session_timeout_ms=10000, heartbeat_interval_ms=1000, max_poll_interval_ms=300000,
-                request_timeout_ms=30500,
+                session_timeout_ms=self.session_ms, heartbeat_interval_ms=heartbeat_interval_ms(self.session_ms),
+                max_poll_interval_ms=300000, request_timeout_ms=30500,
                 # A fetch waits at most this long for data: the bound on how
                 # late a decision can be picked up at each hop (default 500 ms).
                 fetch_max_wait_ms=100,
             )
         except kafka.errors.KafkaError as exc:
             raise BusError(f"Kafka at {self.bootstrap} cannot be reached: {exc}.", hint=UNREACHABLE_HINT) from None
-        adapter = KafkaConsumerAdapter(consumer, kafka, on_assign, self._who())
         # Load the topics' metadata before joining a group: a group leader that
         # assigns without it hands out nothing, and keeps doing so until its
         # next metadata refresh (minutes later).
@@ -215,7 +260,28 @@ class KafkaBus:
             adapter._notify([(p.topic, p.partition) for p in partitions])
         else:
             consumer.subscribe(list(topics), listener=adapter.listener())
-        return adapter
+        return consumer
+
+    def _refused_session(self, kafka, topics: Sequence[str], group: str, from_beginning: bool, adapter):
+        """The broker refused to join the group with our session timeout (its
+        group.min.session.timeout.ms is higher): the default falls back to a
+        stock broker's minimum, said once; an operator's choice is an error."""
+        # This consumer's own: another consumer of this bus may have fallen back already.
+        refused = adapter._consumer.config["session_timeout_ms"]
+        if self._session_chosen or refused >= STOCK_MIN_SESSION_MS:
+            raise BusError(f"Kafka at {self.bootstrap} refuses consumer sessions of {refused} ms "
+                           "(its group.min.session.timeout.ms is higher).",
+                           hint=f"lower group.min.session.timeout.ms on the broker (docs/OPERATIONS.md, Takeover), "
+                                f"or set {SESSION_ENV} to at least its value ({STOCK_MIN_SESSION_MS} on a stock "
+                                "broker)")
+        if self.session_ms == STOCK_MIN_SESSION_MS:  # said once per bus, for its first consumer refused
+            return self._open_consumer(kafka, topics, group, from_beginning, adapter)
+        self.session_ms = STOCK_MIN_SESSION_MS
+        _log.warning("Kafka at %s refuses consumer sessions of %d ms: using %d ms, so a killed processor or actuator "
+                     "is replaced only after about %d s. Fix: set group.min.session.timeout.ms=1000 on the broker "
+                     "(docs/OPERATIONS.md, Takeover)", self.bootstrap, refused, self.session_ms,
+                     self.session_ms // 1000)
+        return self._open_consumer(kafka, topics, group, from_beginning, adapter)
 
     def _who(self) -> str:
         return f"user {self.security.username}" if self.security.sasl else "this client"
@@ -279,6 +345,8 @@ class KafkaConsumerAdapter:
         self._on_assign = on_assign
         self._who = who
         self.skipped_commits = 0
+        # A group consumer's way to a new client when the broker refuses its session timeout.
+        self._refused_session: Optional[Callable[[], object]] = None
 
     def listener(self):
         adapter = self
@@ -307,6 +375,14 @@ class KafkaConsumerAdapter:
                            f"{self._consumer.config.get('group_id')} ({type(exc).__name__}).",
                            hint="grant the user Read on the group (deploy/kafka/README.md lists each "
                                 "service's ACLs)") from None
+        except self._kafka.errors.InvalidSessionTimeoutError:
+            # Refused before the group was joined: nothing was read or assigned yet.
+            if self._refused_session is None:
+                raise BusError("Kafka refused this consumer's session timeout.") from None
+            replacement = self._refused_session()
+            self._consumer.close(autocommit=False)
+            self._consumer = replacement
+            return []
         except self._kafka.errors.KafkaError as exc:
             raise BusError(f"polling Kafka failed: {exc}.") from None
         records = []

@@ -68,6 +68,10 @@ class Heartbeat(msgspec.Struct, frozen=True, tag="heartbeat"):
     running: tuple[RunningInstance, ...] = ()
     address: str = "127.0.0.1"
     leaving: bool = False  # the agent is shutting down on purpose
+    # This run of the agent (new at each start; "" from agents before 2026-12):
+    # a new run reporting in within the node timeout is a restarted agent,
+    # whose previous run's instances not in ``running`` are gone.
+    run: str = ""
 
 
 class StartInstance(msgspec.Struct, frozen=True, tag="start_instance"):

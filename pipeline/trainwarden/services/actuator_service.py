@@ -89,6 +89,7 @@ class ActuatorCounters:
     commands: int = 0
     waiting_for_capacity: int = 0
     nodes_lost: int = 0
+    agent_restarts: int = 0  # a node's agent reported in as a new run (its instances it did not keep: lost)
     preemptions: int = 0
     dead_letters: int = 0
     history_errors: int = 0
@@ -110,6 +111,7 @@ class ActuatorService:
         self.clock = clock
         self.counters = ActuatorCounters()
         self.cluster = Cluster(node_timeout_s)
+        self._agent_runs: dict[str, str] = {}  # node -> the run of its agent last heard (Heartbeat.run)
         self.reports = StackReports(history, clock, announce=self._announce_report)
         self.executed: set[str] = set()
         self._reconciled: dict[tuple, float] = {}  # (node, job, instance, round, start) -> its stop last asked
@@ -486,12 +488,33 @@ class ActuatorService:
             if beat.address == self.probe_id:
                 self._probe_seen = max(self._probe_seen, beat.time)
             return
+        known = self.cluster.nodes.get(beat.node)
+        if (beat.run and self._agent_runs.get(beat.node, beat.run) != beat.run
+                and known is not None and known.status is not NodeStatus.LOST):
+            self._agent_restarted(beat)
+        if beat.run:
+            self._agent_runs[beat.node] = beat.run
         changed = self.cluster.heartbeat(beat, arrived_at=self.clock())
         if changed is not None:
             self._node_state(beat.node, changed.value, self.cluster.nodes[beat.node].reason)
         if changed is NodeStatus.LOST:
             self._lost(beat.node)
         self._reconcile(beat)
+
+    def _agent_restarted(self, beat: Heartbeat) -> None:
+        """A node's agent came back as a new run before the node timeout (so
+        the node is not lost). The instances placed there that the new run
+        does not report are gone with the previous run (the agents' own die
+        with their agent: runtime/keeper.py): lost now, as nothing else would
+        ever report them."""
+        self.counters.agent_restarts += 1
+        kept = {(r.job_id, r.instance) for r in beat.running}
+        for job_id, instances in self.cluster.on_node(beat.node).items():
+            gone = [name for name in instances if (job_id, name) not in kept]
+            if gone and job_id in self.jobs:
+                self.say(f"the agent of {beat.node} restarted without {', '.join(gone)}: lost with it", job_id)
+                self.producer.send(EVENTS, job_id, encode(NodeLost(job_id=job_id, time=self.clock(), node=beat.node,
+                                                                   instances=tuple(gone))))
 
     def _reconcile(self, beat: Heartbeat) -> None:
         """Mark restarted instances running; stop what should not run there:

@@ -18,6 +18,7 @@ import logging
 import shutil
 import socket
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -78,6 +79,7 @@ class Agent:
         its SDK endpoint listens, when the instances must find it at a known
         path (a pod mounts its directory); else a private directory."""
         self.node = node
+        self.run = uuid.uuid4().hex[:12]  # this run of the agent, in its heartbeats
         self.run_as = run_as  # the user its instances run as (runtime/run_as.py)
         # False when Vector ships the log files: every line would arrive twice.
         self.ship_logs = ship_logs
@@ -157,7 +159,8 @@ class Agent:
         self.host.ship()
         try:
             self.producer.send(NODES, self.node, encode(Heartbeat(
-                node=self.node, time=self.clock(), slots=self.slots, address=self.address, leaving=True)))
+                node=self.node, time=self.clock(), slots=self.slots, address=self.address, leaving=True,
+                run=self.run)))
             self.producer.flush(5)
         except BusError:
             pass
@@ -299,7 +302,7 @@ class Agent:
                                          silent_s=round(max(0.0, now - r.last_output), 3), spoke=bool(r.tail))
                                 for r in items))))
         self.producer.send(NODES, self.node, encode(Heartbeat(
-            node=self.node, time=now, slots=self.slots, address=self.address,
+            node=self.node, time=now, slots=self.slots, address=self.address, run=self.run,
             running=tuple(RunningInstance(r.job_id, r.instance, r.round, r.start, r.pid)
                           for r in self.host.running.values()))))
 

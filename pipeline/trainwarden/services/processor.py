@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 from typing import Callable, Optional
 
 from trainwarden.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, PREFIX, Bus, Message
@@ -33,6 +34,7 @@ from trainwarden.supervision.intake import Taken, take
 from trainwarden.rules.model import RulePack
 
 GROUP = f"{PREFIX}-processor"
+_log = logging.getLogger("trainwarden.processor")
 
 
 @dataclasses.dataclass
@@ -144,6 +146,9 @@ class Processor:
             if end > 0:
                 self.replays[partition] = _Replay(end=end)
         self.consumer.seek_to_beginning([(EVENTS, p) for p in partitions])
+        # Which processor holds a job, for an operator (and the takeover tests).
+        _log.info("events partitions %s assigned: their jobs are rebuilt from the beginning",
+                  ",".join(map(str, sorted(partitions))) or "none")
         return set(partitions)
 
     def _route(self, record: Message) -> None:
