@@ -37,12 +37,14 @@ READ, WRITE = "read", "write"
 
 # user -> (what it reads, what it writes, its consumer groups; a trailing '-' is a prefix of groups)
 GRANTS = {
-    "processor": ({"events", "logs"}, {"decisions", "events", "deadletter"}, ["processor"]),
+    # The market topic is read whole, outside the group (services/market_feed.py).
+    "processor": ({"events", "logs", "market"}, {"decisions", "events", "deadletter"}, ["processor"]),
     "actuator": ({"decisions", "nodes", "actuator", "deadletter"},
                  {"commands", "events", "nodes", "actuator", "deadletter"},
                  ["actuator", "actuator-dead-letters"]),
     "agent": ({"commands"}, {"events", "logs", "nodes", "deadletter"}, ["agent-"]),
     "notifier": ({"decisions", "actuator"}, {"deadletter"}, ["notifier"]),
+    "market": (set(), {"market", "deadletter"}, []),  # trainwarden market: publishes the quotes
     # submit (writes a submission, follows logs and decisions), nodes (reads
     # states and heartbeats, isolates), kafka init (creates the topics); like
     # every consumer, it dead-letters a message whose signature fails.

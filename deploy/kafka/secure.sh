@@ -7,7 +7,7 @@
 
 SECRETS="$DATA/secrets"
 # admin is the super user (the broker itself, and `acls`); the others are the services' and the CLI's.
-SECURE_USERS=(admin processor actuator agent notifier cli)
+SECURE_USERS=(admin processor actuator agent notifier market cli)
 
 secure_mode() { [[ "$KAFKA_SECURITY" == sasl_ssl ]]; }
 
