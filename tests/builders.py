@@ -63,8 +63,10 @@ class Job:
     def tick(self) -> list[Decision]:
         return self.feed(Tick(job_id=self.job_id, time=self.now))
 
-    def log(self, name: str, text: str = "step") -> list[Decision]:
-        return self.feed(LogLine(job_id=self.job_id, time=self.time, instance=name, text=text, **self.where(name)))
+    def log(self, name: str, text: str = "step", said: float | None = None) -> list[Decision]:
+        """A line of ``name``; ``said``: when its agent read it (seconds after T0 on the agent's clock)."""
+        return self.feed(LogLine(job_id=self.job_id, time=self.time, instance=name, text=text, **self.where(name),
+                                 said=None if said is None else T0 + self.skew_s + said))
 
     def exit(self, name: str, code: int, *tail: str) -> list[Decision]:
         for line in tail:

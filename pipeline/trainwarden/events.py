@@ -204,6 +204,12 @@ class LogLine(msgspec.Struct, frozen=True, tag="log_line"):
     start: int
     text: str
     stream: Stream = Stream.STDOUT
+    # When the node agent that reported the instance read the line, on that
+    # agent's clock (None: not known). Compared only with that agent's own
+    # activity reports: a line no newer than the latest report's last output
+    # is already counted in the silence the report carried (a line read again
+    # after a takeover or a rebalance is not fresh output).
+    said: Optional[float] = None
 
 
 class InstanceExited(msgspec.Struct, frozen=True, tag="instance_exited"):

@@ -45,13 +45,13 @@ def services(tmp_path):
 def test_a_processor_killed_mid_job_is_replaced_by_the_survivor_which_decides_within_3_s(services, job_id,
                                                                                          tmp_path):
     took = processor_takeover(services, job_id, tmp_path / "work")
-    assert took <= TAKEOVER_S, (f"the survivor decided {took:.1f} s after the kill", services.logs())
+    assert took <= TAKEOVER_S, f"the survivor decided {took:.1f} s after the kill\n{services.logs()}"
 
 
 def test_a_hang_due_while_its_processor_is_taken_over_fires_at_most_3_s_late(services, job_id, tmp_path):
     silent = hang_during_takeover(services, job_id, tmp_path / "work", HANG_INTERVAL_S)
     assert silent <= HANG_INTERVAL_S + TAKEOVER_S, (
-        f"the hang fired after {silent:.1f} s of silence (interval {HANG_INTERVAL_S} s)", services.logs())
+        f"the hang fired after {silent:.1f} s of silence (interval {HANG_INTERVAL_S} s)\n{services.logs()}")
 
 
 def test_a_restarted_actuator_carries_out_a_restart_decided_while_it_was_dead_within_3_s(services, job_id,

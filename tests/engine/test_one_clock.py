@@ -152,3 +152,47 @@ def test_after_a_replay_no_time_lies_in_the_future_and_windows_start_again():
     assert all(i.started_at <= live and i.last_output <= live for i in job.state.instances.values())
     job.now = live + 29.9
     assert job.tick() == []
+
+
+def _silent_from(job: Job, start_s: float, last_said_s: float) -> float | None:
+    """Ticks from ``start_s``, the agent reporting every second the silence
+    since ``last_said_s`` (its clock), until a hang fires (None within a minute)."""
+    t = start_s
+    while t < start_s + 60:
+        t = round(t + TICK_S, 6)
+        if abs(t - round(t)) < 1e-6:
+            job.at(t).activity({"worker-0": t - last_said_s, "worker-1": t - last_said_s})
+        if job.at(t).tick():
+            return t
+    return None
+
+
+@pytest.mark.parametrize("skew_s", SKEWS)
+def test_a_line_its_agent_had_already_reported_does_not_restart_the_silence(skew_s):
+    # A processor that takes a job over may read lines again that its agent's
+    # reports already counted: they are old output, not a sign of life.
+    job = Job(HANG, skew_s=skew_s, activity_reports=True)
+    job.at(1).log("worker-0")
+    job.at(1).log("worker-1")
+    job.at(3).activity({"worker-0": 2.0, "worker-1": 2.0})
+    job.at(4).log("worker-0", said=1.0)
+    job.at(4).log("worker-1", said=1.0)
+    assert _silent_from(job, 4, last_said_s=1.0) == 1 + 5
+
+
+@pytest.mark.parametrize("skew_s", SKEWS)
+def test_a_line_its_agent_read_after_its_last_report_is_output(skew_s):
+    job = Job(HANG, skew_s=skew_s, activity_reports=True)
+    job.at(3).activity({"worker-0": 2.0, "worker-1": 2.0})
+    job.at(4).log("worker-0", said=3.5)
+    job.at(4).log("worker-1", said=3.5)
+    # Dated by its arrival (4 s), as every line is, not by the agent's clock (3.5 s).
+    assert _silent_from(job, 4, last_said_s=3.5) == 4 + 5
+
+
+def test_a_new_incarnation_forgets_what_the_agent_reported_of_the_one_before():
+    job = Job(HANG, activity_reports=True)
+    job.at(3).activity({"worker-0": 0.0, "worker-1": 0.0})
+    job.at(4).exit("worker-0", 137)  # restart_job: every instance pending until it starts again
+    job.restart_all()
+    assert [inst.reported_output for inst in job.state.instances.values()] == [None, None]

@@ -12,7 +12,7 @@ from trainwarden.bus.serde import encode
 from trainwarden.events import InstanceStarted, JobSubmitted, Reason, Stream
 from trainwarden.rules.loader import load_rules
 from trainwarden.services.loop import TICK_S, ServiceLoop
-from trainwarden.services.processor import Processor
+from trainwarden.services.processor import GROUP, Processor
 from trainwarden.simulation.cluster import instance_specs
 
 T0 = 1_800_000_000.0
@@ -114,20 +114,27 @@ def test_a_healthy_job_on_an_agent_whose_clock_is_off_is_not_declared_hung(skew_
     assert processor.service.jobs["j1"].silence_checks_skipped == 0
 
 
-@pytest.mark.parametrize("skew_s", SKEWS)
-def test_a_processor_taking_over_neither_fires_a_hang_early_nor_holds_it_back_past_a_report(skew_s):
+def _silent_at_10_taken_over_at_13(skew_s, group: str):
+    """The job's lines stop at 10 s, its processor dies at 12 s (the agent goes
+    on reporting) and a processor of ``group`` takes the partitions over at
+    13 s: when it decided the hang, and that processor."""
     bus, clock, decided, agent = _submitted(skew_s)
     first = _processor(bus, clock, decided)
     _drive(first, agent, clock, 10, print_every_s=1.0, decided=decided)  # the last lines at 10 s
     _drive(first, agent, clock, 12, decided=decided)
-    first.service.close()  # dies at 12 s; the agent goes on reporting
+    first.service.close()
     for _ in range(5):
         clock.now = round(clock.now + TICK_S, 6)
         if abs(clock.now - T0 - round(clock.now - T0)) < 1e-6:
             agent.report()
-    second = _processor(bus, clock, decided)  # takes the partitions over at 13 s and replays them
-    fired = _drive(second, agent, clock, 60, decided=decided)
-    assert second.service.counters.replayed > 0
+    second = ServiceLoop(Processor(bus, load_rules(), group=group, clock=clock, on_decision=decided.append), clock)
+    return _drive(second, agent, clock, 60, decided=decided), second.service, decided
+
+
+@pytest.mark.parametrize("skew_s", SKEWS)
+def test_a_processor_taking_over_neither_fires_a_hang_early_nor_holds_it_back_past_a_report(skew_s):
+    fired, second, decided = _silent_at_10_taken_over_at_13(skew_s, GROUP)
+    assert second.counters.replayed > 0
     # The silence since 10 s, as the agent reported it at 13 s: an interval after 10 s, late by
     # at most the time since that report when the replay ended.
     assert fired is not None and 15 <= fired <= 15 + 1 + TICK_S, (fired, decided)
@@ -141,3 +148,25 @@ def test_a_healthy_job_is_not_declared_hung_by_a_processor_taking_over(skew_s):
     first.service.close()
     second = _processor(bus, clock, decided)
     assert _drive(second, agent, clock, 60, print_every_s=2.0, decided=decided) is None
+
+
+@pytest.mark.parametrize("skew_s", SKEWS)
+def test_lines_read_again_after_a_takeover_do_not_restart_a_silence_the_agent_reported(skew_s):
+    # The worst case of a processor killed before it committed what it read:
+    # its successor reads every line of the job again (a group with no
+    # committed offsets). They are old output: the hang still falls due an
+    # interval after the last line, not an interval after the takeover.
+    fired, second, decided = _silent_at_10_taken_over_at_13(skew_s, "nothing-committed")
+    assert second.counters.log_lines > 0
+    assert fired is not None and 15 <= fired <= 15 + 1 + TICK_S, (fired, decided)
+
+
+@pytest.mark.parametrize("skew_s", SKEWS)
+def test_a_line_newer_than_the_agents_last_report_still_counts_as_output(skew_s):
+    bus, clock, decided, agent = _submitted(skew_s)
+    processor = _processor(bus, clock, decided)
+    _drive(processor, agent, clock, 10.5, print_every_s=1.0, decided=decided)  # the last report at 10 s
+    agent.print_lines()  # between two reports: fresh output, read at the next turn
+    read = clock.now - T0 + TICK_S
+    fired = _drive(processor, agent, clock, 60, decided=decided)
+    assert fired is not None and read + 5 - 1e-6 <= fired <= read + 5 + 1e-6, (fired, decided)

@@ -111,6 +111,7 @@ def _on_started(state: JobState, event: InstanceStarted, now: float) -> list[Dec
         return []
     inst.status = InstanceStatus.RUNNING
     inst.started_at = inst.last_output = inst.reported_at = now
+    inst.reported_output = None
     inst.node = event.node
     inst.pid = event.pid
     return []
@@ -120,7 +121,7 @@ def _on_log(state: JobState, event: LogLine, now: float) -> list[Decision]:
     inst = state.current(event.instance, event.round, event.start)
     if inst is None:
         return []
-    if now > inst.last_output:
+    if now > inst.last_output and not _reported_already(inst, event):
         inst.last_output = now
     inst.spoke = True
     text = event.text
@@ -129,6 +130,14 @@ def _on_log(state: JobState, event: LogLine, now: float) -> list[Decision]:
         return _NO_DECISIONS
     timeout = watchdog_timeout(text)
     return _NO_DECISIONS if timeout is None else _advise(state, inst, timeout, event, now)
+
+
+def _reported_already(inst, event: LogLine) -> bool:
+    """Whether the agent's latest report on the incarnation already counted
+    this line (both times on that agent's clock): a line read again after a
+    takeover is old output, and dating it by its arrival would restart a
+    silence the report proved."""
+    return event.said is not None and inst.reported_output is not None and event.said <= inst.reported_output
 
 
 def _advise(state: JobState, inst, timeout: float, event: LogLine, now: float) -> list[Decision]:
@@ -208,6 +217,7 @@ def _on_activity(state: JobState, event: InstanceActivity, now: float) -> list[D
         # start-up allowance stays, which can delay a hang, never fake one.
         inst.spoke = inst.spoke or bool(report.spoke)
         inst.reported_at = max(inst.reported_at, now)
+        inst.reported_output = report.last_output
     return []
 
 

@@ -76,6 +76,8 @@ class InstanceState:
     ever_failed: bool = False
     # When a node agent's latest report on this incarnation arrived (jobs with activity reports).
     reported_at: float = 0.0
+    # That report's last output, on the reporting agent's clock (never compared with the deciding clock).
+    reported_output: Optional[float] = None
     # Whether this incarnation has printed a line (or called the SDK) yet:
     # before that, silence is judged against the start-up allowance.
     spoke: bool = False

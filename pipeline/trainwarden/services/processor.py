@@ -228,7 +228,8 @@ class Processor:
             self.counters.unknown_job += 1
             return  # exits carry their own tails; lines of an unknown job add nothing
         if isinstance(message, WireLogLine):
-            lines = [(message.time, message.stream, message.text)]
+            # Vector's time is not the reporting agent's clock: nothing to compare it with.
+            lines = [(None, message.stream, message.text)]
         else:
             assert isinstance(message, LogBatch)
             lines = [(line.time, line.stream, line.text) for line in message.lines]
@@ -237,11 +238,12 @@ class Processor:
             return
         # Dated by their arrival here, not by the agent's (or Vector's) clock:
         # silence is judged on this process's clock alone (engine/core.py).
+        # The agent's time goes along only to be compared with its own reports.
         arrived = self.clock()
-        for _, stream, text in lines:
+        for said, stream, text in lines:
             self.counters.log_lines += 1
             event = LogLine(job_id=message.job_id, time=arrived, instance=message.instance, round=message.round,
-                            start=message.start, text=text, stream=stream)
+                            start=message.start, text=text, stream=stream, said=said)
             taken = self._take(state, event, arrived, message.node, True)
             state = taken.state
             self._publish(taken.decisions, record.partition)
