@@ -16,6 +16,8 @@ prices from the first quote that holds.
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Callable, Optional
 
 from trainwarden.bus import EVENTS, MARKET, Bus, BusError
@@ -25,6 +27,53 @@ from trainwarden.events import MarketUpdate, Offer
 from trainwarden.spot.quotes import MarketView
 
 
+_log = logging.getLogger("trainwarden.processor")
+
+# How long a processor's start waits for the market topic's end before it goes
+# on without (its spot jobs wait for it; its other jobs do not), and how soon
+# a lookup that failed is tried again.
+LOOKUP_WAIT_S = 1.0
+LOOKUP_RETRY_S = 10.0
+
+
+class BacklogEnd:
+    """The market topic's end offset when the processor started (where live
+    quotes begin), looked up on a thread of its own: a broker that cannot
+    answer it (no Read on the topic, which the Kafka client retries for its
+    whole request timeout) must not stall the turns of every job."""
+
+    def __init__(self, bus: Bus):
+        self.value: Optional[int] = None
+        self.failures = 0
+        self._said = ""
+        self._stop = threading.Event()
+        self._found = threading.Event()
+        threading.Thread(target=self._look, args=(bus,), name="market-backlog-end", daemon=True).start()
+        self._found.wait(LOOKUP_WAIT_S)
+
+    def _look(self, bus: Bus) -> None:
+        while not self._stop.is_set():
+            try:
+                consumer = bus.consumer([MARKET], None)
+                try:
+                    self.value = consumer.end_offset(MARKET, 0)
+                finally:
+                    consumer.close()
+                self._found.set()
+                return
+            except BusError as exc:
+                self.failures += 1
+                if str(exc) != self._said:  # said once, counted every time
+                    self._said = str(exc)
+                    _log.error("the market topic cannot be read, so spot jobs wait for prices (other jobs go on): "
+                               "%s Hint: grant this processor's user Read on %s (deploy/kafka/acls.py); tried "
+                               "again every %g s.", exc, MARKET, LOOKUP_RETRY_S)
+            self._stop.wait(LOOKUP_RETRY_S)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
 class MarketFeed:
     def __init__(self, bus: Bus, clock: Callable[[], float]):
         self.clock = clock
@@ -32,21 +81,13 @@ class MarketFeed:
         self.undecodable = 0
         self.updates = 0  # market updates handed to jobs
         self.consumer = bus.consumer([MARKET], None, from_beginning=True)
-        self._backlog_end: Optional[int] = None  # offset where live quotes begin: the end at the start
-        self._find_backlog_end()
+        self.backlog_end = BacklogEnd(bus)  # offset where live quotes begin: the end at the start
         self._given: dict[str, tuple[Offer, ...]] = {}  # job -> the offers it was last given by this processor
 
-    def _find_backlog_end(self) -> None:
-        try:
-            self._backlog_end = self.consumer.end_offset(MARKET, 0)
-        except BusError:
-            pass  # tried again at the next poll; until then nothing is read
-
     def poll(self, timeout_s: float = 0.0) -> None:
-        if self._backlog_end is None:
-            self._find_backlog_end()
-            if self._backlog_end is None:
-                return  # nothing read can be told live from backlog yet
+        backlog_end = self.backlog_end.value
+        if backlog_end is None:
+            return  # nothing read can be told live from backlog yet
         for record in self.consumer.poll(timeout_s, max_records=1000):
             try:
                 quote = decode(MARKET, record.value)
@@ -54,7 +95,7 @@ class MarketFeed:
                 self.undecodable += 1  # counted; a signing bus has already dead-lettered what it refused
                 continue
             assert isinstance(quote, MarketQuote)
-            self.view.take(quote, self.clock(), live=record.offset >= self._backlog_end)
+            self.view.take(quote, self.clock(), live=record.offset >= backlog_end)
 
     def hand_on(self, jobs: dict, skip: Callable[[str], bool], send: Callable[[str, bytes], None]) -> None:
         """Each owned, unfinished spot job whose offers the holding quotes
@@ -78,6 +119,7 @@ class MarketFeed:
             self._given.pop(job_id, None)
 
     def close(self) -> None:
+        self.backlog_end.close()
         self.consumer.close()
 
 

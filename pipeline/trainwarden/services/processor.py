@@ -52,6 +52,7 @@ class ProcessorCounters:
     lines_from_other_nodes: int = 0  # lines naming a node that does not run their incarnation: not counted
     market_updates: int = 0  # market quotes handed to spot jobs' engines (services/market_feed.py)
     market_quotes_not_taken: int = 0  # late, out of order, invalid, or from the backlog at the start
+    market_unreadable: int = 0  # failed looks at the market topic (no Read on it): spot jobs wait for prices
 
 
 @dataclasses.dataclass
@@ -127,6 +128,7 @@ class Processor:
                             send_to_events(self.producer))
         counted = self.market.view.counters
         self.counters.market_updates = self.market.updates
+        self.counters.market_unreadable = self.market.backlog_end.failures
         self.counters.market_quotes_not_taken = counted.late + counted.out_of_order + counted.backlog + counted.invalid
 
     # ---------------------------------------------------------- partitions
