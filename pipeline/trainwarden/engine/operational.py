@@ -150,6 +150,11 @@ def weigh(state: JobState, inst: InstanceState, verdict: Verdict, signature: str
     if verdict.verdict is not Retryability.NOT_RETRYABLE or not (settings.second_chance and first and can_restart):
         return Weighed(intent, reason, rule, False, evidence)
     category = verdict.category
+    sure_rule = verdict.rule in settings.sure_rules
+    if sure_rule and (progressed or category in settings.start_categories):
+        return Weighed(intent, reason, rule, False,
+                       evidence + f"; strong evidence (rule {verdict.rule} is one of the sure rules): no second "
+                                  "chance")
     if progressed and category not in settings.sure_categories:
         return Weighed(kind, Reason.SECOND_CHANCE, "first_error_after_progress", False,
                        evidence + f"; a first {category} error after progress, on weak evidence ({category} is "
