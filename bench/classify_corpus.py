@@ -3,15 +3,16 @@ verdicts of the shipped catalogue on it, per label and per category, on the
 tuning set and on the test set (which no pattern was written from). The
 README quotes the test-set figures.
 
-First, each test excerpt run as a job through the engine on the virtual
-clock (tests/corpus_jobs.py says how): the share of transient failures whose
-job is lost and the restarts spent per persistent failure, for the shipped
-policy beside always retrying and torchrun's default (--max-restarts=0).
+First, each test excerpt (with --tuning-only, each tuning excerpt) run as a
+job through the engine on the virtual clock (tests/corpus_jobs.py says
+how): the share of transient failures whose job is lost and the restarts
+spent per persistent failure, for the shipped policy beside always retrying
+and torchrun's default (--max-restarts=0).
 
     .venv/bin/python bench/classify_corpus.py            # both sets
     .venv/bin/python bench/classify_corpus.py --unknown-phase initialisation   # excerpts of unknown phase fail before any step
     .venv/bin/python bench/classify_corpus.py --misses   # and every wrong verdict of the tuning set
-    .venv/bin/python bench/classify_corpus.py --tuning-only --misses   # the tuning set alone (while tuning)
+    .venv/bin/python bench/classify_corpus.py --tuning-only --misses   # the tuning set alone (while tuning), costs too
 """
 
 from __future__ import annotations
@@ -48,15 +49,15 @@ def report(name: str, scores: Scores) -> None:
         print(f"| {category} | {total} | {right} ({right / total:.0%}) | {_pct(precision)} | {_pct(recall)} |")
 
 
-def report_costs(pack, test, unknown_as: str) -> None:
-    print(f"\n## What a policy costs, test set ({sum(e.expect != 'unknown' for e in test)} excerpts run as jobs; "
-          f"phase unknown run as {unknown_as})\n")
+def report_costs(pack, excerpts, unknown_as: str, set_name: str = "test set") -> None:
+    print(f"\n## What a policy costs, {set_name} ({sum(e.expect != 'unknown' for e in excerpts)} excerpts run as "
+          f"jobs; phase unknown run as {unknown_as})\n")
     print("| policy | transient failures whose job is lost | restarts per persistent failure | "
           "restarts per transient failure |")
     print("| --- | ---: | ---: | ---: |")
     shipped = None
     for name, args in POLICIES:
-        result = costs(pack, test, args, unknown_as)
+        result = costs(pack, excerpts, args, unknown_as)
         shipped = shipped or result
         lost = sum(r.lost for r in result.transient)
         print(f"| {name} | {result.lost_share:.1%} ({lost} of {len(result.transient)}) | "
@@ -81,10 +82,10 @@ def main() -> int:
     pack = load_rules()
     print(f"# Real-failure corpus: {len(excerpts)} excerpts from {len({e.repo for e in excerpts})} repositories "
           f"({len(tune)} tuning, {len(test)} test)")
-    if not args.tuning_only:
-        report_costs(pack, test, args.unknown_phase)
-        if args.costs_only:
-            return 0
+    report_costs(pack, tune if args.tuning_only else test, args.unknown_phase,
+                 "tuning set" if args.tuning_only else "test set")
+    if args.costs_only:
+        return 0
     tune_scores = score(pack, tune)
     report("Tuning set", tune_scores)
     if args.tuning_only:

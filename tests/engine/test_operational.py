@@ -123,3 +123,33 @@ def test_a_site_file_can_list_the_categories_restarted_once_before_progress(tmp_
     (tmp_path / "90-site.yaml").write_text(
         "version: 1\nsettings:\n  decisions:\n    start_categories: [config_error, user_missing_file]\n")
     assert load_rules(tmp_path).decisions.start_categories == ("config_error", "user_missing_file")
+
+
+BACKWARD_TWICE = ("Traceback (most recent call last):", '  File "train.py", line 52, in training_step',
+                  "RuntimeError: Trying to backward through the graph a second time.")
+
+
+def test_every_shipped_sure_rule_names_a_classifier_of_the_shipped_pack():
+    names = {classifier.name for classifier in PACK.classifiers}
+    assert PACK.decisions.sure_rules and set(PACK.decisions.sure_rules) <= names
+
+
+def test_a_sure_rule_that_withholds_the_second_chance_says_so_in_the_evidence():
+    cluster = _cluster()
+    cluster.sdk("worker-0", SdkOp.REPORT_PROGRESS, step=100)
+    [decision] = cluster.exit("worker-0", 1, BACKWARD_TWICE)
+    assert decision.kind is DecisionKind.FAIL_JOB
+    assert decision.evidence.endswith("; strong evidence (rule torch_program_error is one of the sure rules): "
+                                      "no second chance")
+
+
+def test_a_site_file_that_empties_the_sure_rules_gives_their_first_error_after_progress_its_restart(tmp_path):
+    for shipped in sorted(shipped_rules_dir().glob("*.yaml")):
+        shutil.copy(shipped, tmp_path / shipped.name)
+    (tmp_path / "90-site.yaml").write_text("version: 1\nsettings:\n  decisions:\n    sure_rules: []\n")
+    pack = load_rules(tmp_path)
+    assert pack.decisions.sure_rules == ()
+    cluster = _cluster(pack)
+    cluster.sdk("worker-0", SdkOp.REPORT_PROGRESS, step=100)
+    [decision] = cluster.exit("worker-0", 1, BACKWARD_TWICE)
+    assert decision.kind is DecisionKind.RESTART_JOB and decision.rule == "first_error_after_progress"

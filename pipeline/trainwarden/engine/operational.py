@@ -25,14 +25,18 @@ instance judged by its lines (policy ExitCodeAndErrorMsg):
   the verdict's category is not one of ``sure_categories`` (errors that
   follow from the job's own code, data or memory wherever and whenever it
   runs: CUDA out of memory, a shape mismatch, a missing module, NaN, a full
-  disk). Progress is the evidence that the code and configuration worked
-  for a while; a second time the error is not new and fails the job.
+  disk), and its rule is not one of ``sure_rules`` (a message only a wrong
+  program, its arguments, settings or build prints: an unrecognized
+  argument, no kernel image for these GPUs, autograd misuse). Progress is
+  the evidence that the code and configuration worked for a while; a
+  second time the error is not new and fails the job.
 - Before any progress in its round, a first not-retryable error of one of
-  ``start_categories`` (shipped: configuration errors) gets one restart too
-  (rule ``first_error_before_progress``): at start-up a restart costs no
-  training work, and a platform not ready yet (no nodes placed, a driver
-  not loaded, a rendezvous closed before late workers joined) prints what
-  looks like the job's configuration. The same error again fails the job.
+  ``start_categories`` (shipped: configuration errors) from a rule not of
+  ``sure_rules`` gets one restart too (rule
+  ``first_error_before_progress``): at start-up a restart costs no training
+  work, and a platform not ready yet (no nodes placed, a driver not loaded,
+  a rendezvous closed before late workers joined) prints what looks like
+  the job's configuration. The same error again fails the job.
 - The same retryable error on the same node ``node_repeats`` times in a row
   is that node's fault in a job on several nodes: the node is isolated
   (where the runtime can) and the job restarted (reason ``node_fault``);
@@ -150,6 +154,11 @@ def weigh(state: JobState, inst: InstanceState, verdict: Verdict, signature: str
     if verdict.verdict is not Retryability.NOT_RETRYABLE or not (settings.second_chance and first and can_restart):
         return Weighed(intent, reason, rule, False, evidence)
     category = verdict.category
+    sure_rule = verdict.rule in settings.sure_rules
+    if sure_rule and (progressed or category in settings.start_categories):
+        return Weighed(intent, reason, rule, False,
+                       evidence + f"; strong evidence (rule {verdict.rule} is one of the sure rules): no second "
+                                  "chance")
     if progressed and category not in settings.sure_categories:
         return Weighed(kind, Reason.SECOND_CHANCE, "first_error_after_progress", False,
                        evidence + f"; a first {category} error after progress, on weak evidence ({category} is "

@@ -7,6 +7,7 @@ those of rules.model.OperationalSettings).
         repeat_restarts: 1        # the same failure while the job gets no further; -1: off
         second_chance: true       # one restart for a first weak not-retryable error after progress
         sure_categories: [cuda_oom, user_shape_error, user_missing_module, numerical, storage_full]
+        sure_rules: [torch_program_error]  # classifiers whose not-retryable verdict is strong anyway
         start_categories: [config_error]   # a first error of these before any progress: one restart
         node_repeats: 2           # the same retryable error on one node this many times in a row; -1: off
         node_categories: [gpu_hardware, host_oom, connection_lost, collective_error, infra_transient]
@@ -18,6 +19,7 @@ site file can change one of them.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from trainwarden.limits import quote
 from trainwarden.rules.model import OperationalSettings
@@ -26,6 +28,8 @@ from trainwarden.yamlsrc import Fields
 MAX_REPEATS = 100
 MAX_CATEGORIES = 100
 _CATEGORY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+# A classifier's name (rules/loader.py NAME_RE).
+_RULE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
 def decisions_setting(fields: Fields, before: OperationalSettings) -> OperationalSettings:
@@ -52,5 +56,14 @@ def decisions_setting(fields: Fields, before: OperationalSettings) -> Operationa
                 raise fields.error(key, f"{key}: {quote(category)} is not a category name",
                                    hint="a classifier's category, e.g. cuda_oom")
         changes[key] = tuple(categories)
+    rules = fields.get("sure_rules", list, None)
+    if rules is not None:
+        if len(rules) > MAX_CATEGORIES:
+            raise fields.error("sure_rules", f"sure_rules may list at most {MAX_CATEGORIES} classifiers")
+        for rule in rules:
+            if not isinstance(rule, str) or not _RULE_NAME.match(rule):
+                raise fields.error("sure_rules", f"sure_rules: {quote(rule)} is not a classifier name",
+                                   hint="a classifier's name, e.g. torch_program_error")
+        changes["sure_rules"] = tuple(rules)
     fields.done()
     return dataclasses.replace(before, **changes)

@@ -181,7 +181,13 @@ class OperationalSettings:
     - ``sure_categories``: the not-retryable categories whose evidence is
       strong (the error follows from the job's own code, data or memory
       wherever and whenever it runs); every other not-retryable verdict is
-      weak.
+      weak, unless its rule is one of ``sure_rules``.
+    - ``sure_rules``: classifiers whose not-retryable verdict is strong
+      evidence whatever its category: they name a message that only a wrong
+      program, arguments or configuration prints (a framework's own
+      configuration check, autograd misuse, a device-side assert, NCCL's
+      invalid usage), never words a platform fault also prints. Their first
+      error gets no restart, before or after progress.
     - ``start_categories``: the not-retryable categories whose first error
       before any progress in its round gets one restart (with
       ``second_chance``): at start-up a restart costs no training work, and
@@ -196,6 +202,7 @@ class OperationalSettings:
     second_chance: bool = True
     sure_categories: tuple[str, ...] = ("cuda_oom", "user_shape_error", "user_missing_module", "numerical",
                                         "storage_full")
+    sure_rules: tuple[str, ...] = ()
     start_categories: tuple[str, ...] = ("config_error",)
     node_repeats: int = 2
     node_categories: tuple[str, ...] = ("gpu_hardware", "host_oom", "connection_lost", "collective_error",
