@@ -60,7 +60,8 @@ def test_a_hang_counts_its_silence_and_the_work_it_threw_away_as_badput(cli, sto
     figures = _collect(store, job_id)
     spent = {s.cause: s.seconds for s in figures.time_spent.spent}
     assert 2.0 <= spent["hang silence"] <= 3.5, spent  # the hang interval, then detection at the next tick
-    assert 1.0 <= spent["lost work"] <= 15.0, spent  # round 0's 1.5 s of steps (and its start-up) were thrown away
+    # Round 0's 15 steps of 0.1 s were thrown away, and its interpreter's start-up (0.13 s here, more on a loaded CI).
+    assert 1.5 <= spent["lost work"] <= 4.0, spent
     assert sum(spent.values()) == pytest.approx(figures.time_spent.wall_s)
     assert figures.time_spent.fraction < spent["productive"] / (figures.time_spent.wall_s - spent["hang silence"])
     text = _text(_page(cli, tmp_path, "--job", job_id))
