@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 
+from tests.scenarios import kube_spot
 from tests.scenarios.pinned import KIND as PINNED
 from tests.scenarios.runtimes import RUNTIMES, job, run
 from trainwarden.rules.loader import load_rules
@@ -48,7 +49,12 @@ def test_a_spot_job_released_on_a_price_crossing_and_a_stock_shortage_resumes_wh
     definition = job(job_id, tmp_path, "--enable-job-restart=True", "--steps", "36", "--step-s", "0.25")
     definition = dataclasses.replace(definition, spot=(RoleBid(role="worker", instance_type="ecs.g7.xlarge", count=2,
                                                                discount=0.5, price_limit=None),))
-    outcome = run(runtime, tmp_path, definition, market=market, timeout_s=120)
+    if runtime == "kubernetes":  # one node is the pool's: the job's pods must go there, and only there
+        with kube_spot.pool_node("general", job_id) as pods:
+            outcome = run(runtime, tmp_path, definition, market=market, timeout_s=120)
+        kube_spot.check_pods(pods, outcome)
+    else:
+        outcome = run(runtime, tmp_path, definition, market=market, timeout_s=120)
     assert outcome.succeeded, (outcome.spot, outcome.texts())
     rows = outcome.spot
     shape = [(r["round"], r["state"], r["action"], r["reason"], r["preemptions"], r["resumes"]) for r in rows]
