@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from typing import Iterator
 
 from tests.scenarios.runtimes import KUBE_NODES, _kube_namespace
@@ -93,3 +94,14 @@ def check_pods(seen: PodsSeen, outcome) -> None:
         if int(pod["metadata"]["labels"][ROUND_LABEL]) in released:
             assert pod["metadata"]["annotations"][INSTANCE_ANNOTATION] in ("worker-0", "worker-1")
             assert seen.disruption(name) == RELEASE_REASON, name
+
+
+def check_none_left(seen: PodsSeen) -> None:
+    """The job ended: within 20 s no pod of it is left (each was seen on the pool's node)."""
+    assert seen.pods and all(p["spec"].get("nodeName") == POOL_NODE for p in seen.pods.values()), seen.pods.keys()
+    from trainwarden.runtime.kubernetes.manifests import job_selector
+
+    deadline = time.monotonic() + 20
+    while (left := seen.api.pods(seen.namespace, job_selector(seen.job_id))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, [p["metadata"]["name"] for p in left]
