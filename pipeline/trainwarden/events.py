@@ -138,6 +138,7 @@ class SpotBid(msgspec.Struct, frozen=True):
     price_limit: Optional[float] = None  # SpotPriceLimit
     # Pools that release on the average price rather than the current one.
     compare_average: bool = False
+    pool: str = ""  # the market's pool of the instance type (check_bids): where a cluster runtime places the role
 
 
 class SpotCost(msgspec.Struct, frozen=True):
@@ -164,6 +165,7 @@ class JobSpec(msgspec.Struct, frozen=True):
     preload: tuple[str, ...] = ()  # modules a standby interpreter imports before it becomes an instance
     framework: str = ""  # pytorch, mpi, ...: for the jobs table (history --jobs) of a cluster job
     runtime_options: str = ""  # the job file's engine section (kubernetes:), JSON, read by its runtime's package
+    spot_pools: tuple[tuple[str, str], ...] = ()  # spot role -> its market pool (submit's bids): its nodes
 
     def role(self, name: str) -> RoleSpec:
         return next(r for r in self.roles if r.name == name)

@@ -455,6 +455,7 @@ def test_the_actuator_may_use_pods_and_events_of_the_jobs_namespace_and_nodes_an
     assert _find("Namespace", JOBS_NAMESPACE)
     assert _rules("Role", "trainwarden-actuator") == {
         ("", "pods"): {"create", "get", "list", "watch", "patch", "delete"},
+        ("", "pods/status"): {"patch"},  # a spot release's DisruptionTarget
         ("", "events"): {"create"},
     }
     assert _rules("ClusterRole", "trainwarden-actuator-nodes") == {("", "nodes"): {"get", "list", "watch", "patch"}}

@@ -155,7 +155,7 @@ def test_a_price_limit_in_a_discount_only_pool_is_refused_before_anything_starts
     assert result.code == 2 and "job.yaml:12:" in result.err and "accepts only 'SpotDiscountLimit'" in result.err
 
 
-@pytest.mark.parametrize("runtime", ["slurm", "kubernetes"])
+@pytest.mark.parametrize("runtime", ["slurm"])
 def test_a_spot_job_submitted_to_a_runtime_not_wired_to_the_market_is_refused_rather_than_run_on_ordinary_capacity(
         cli, job_id, tmp_path, runtime):
     market = write_market(tmp_path, [(0, 0.3)])

@@ -82,6 +82,15 @@ def kube_runtime(site, job_id, spec, instances, clock=time.monotonic):
     return runtime, Heard(runtime)
 
 
+def run_round(runtime, heard, clock, round_, instances):
+    """Each instance's incarnation of the round started, and three turns of a second."""
+    for spec in instances:
+        runtime.start(spec.name, round_, 0)
+    for _ in range(3):
+        clock.advance(1.0)
+        heard.poll()
+
+
 class RecordingDriver:
     """The pod hosts as the agents would drive them: every run and stop, in order."""
 
@@ -117,6 +126,8 @@ class MemoryApiserver:
         self.pods: dict[tuple[str, str], dict] = {}
         self.forbid: set[tuple[str, str]] = set()
         self.deleted: list[str] = []
+        self.calls: list[tuple[str, str]] = []  # (PATCH status | DELETE, pod name), in order
+        self.gone: dict[str, dict] = {}  # deleted pods' last state, by name
         self.down = False  # every call answered 503, as an apiserver that is restarting
 
     def api(self) -> KubeApi:
@@ -133,6 +144,18 @@ class MemoryApiserver:
             a = body["spec"]["resourceAttributes"]
             body["status"] = {"allowed": (a["verb"], a["resource"]) not in self.forbid}
             return httpx2.Response(201, json=body)
+        match = re.match(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/status$", path)
+        if match and method == "PATCH":
+            if ("patch", "pods") in self.forbid:
+                return _status(403, 'pods "status" is forbidden: cannot patch resource "pods/status"')
+            pod = self.pods.get(match.groups())
+            if pod is None:
+                return _status(404, f'pods "{match.group(2)}" not found')
+            self.calls.append(("PATCH status", match.group(2)))
+            conditions = {c["type"]: c for c in pod["status"].get("conditions", [])}
+            conditions.update({c["type"]: c for c in body["status"]["conditions"]})  # merged by type
+            pod["status"]["conditions"] = list(conditions.values())
+            return httpx2.Response(200, json=pod)
         match = re.match(r"^/api/v1/namespaces/([^/]+)(?:/pods(?:/([^/]+))?)?$", path)
         if match:
             namespace, name = match.groups()
@@ -147,6 +170,9 @@ class MemoryApiserver:
                 return httpx2.Response(201, json=self._schedule(namespace, body))
             if method == "DELETE":
                 self.deleted.append(name)
+                self.calls.append(("DELETE", name))
+                if (namespace, name) in self.pods:
+                    self.gone[name] = self.pods[(namespace, name)]  # its last state
                 return httpx2.Response(200, json=self.pods.pop((namespace, name), {"kind": "Status"}))
             key, _, value = request.url.params.get("labelSelector", "=").partition("=")
             items = [p for (ns, _), p in self.pods.items() if ns == namespace and p["metadata"]["labels"].get(key) == value]

@@ -102,6 +102,7 @@ ACCESS = [
     ("watch", "pods", "", JOBS_NAMESPACE, True),
     ("patch", "pods", "", JOBS_NAMESPACE, True),
     ("delete", "pods", "", JOBS_NAMESPACE, True),
+    ("patch", "pods", "status", JOBS_NAMESPACE, True),  # a spot release's DisruptionTarget
     ("create", "events", "", JOBS_NAMESPACE, True),
     ("get", "nodes", "", "", True),
     ("list", "nodes", "", "", True),
@@ -117,6 +118,8 @@ ACCESS = [
     ("create", "pods", "", "default", False),
     ("list", "pods", "", "", False),
     ("update", "pods", "", JOBS_NAMESPACE, False),
+    ("update", "pods", "status", JOBS_NAMESPACE, False),
+    ("patch", "pods", "status", "default", False),
     ("delete", "nodes", "", "", False),
     ("update", "nodes", "", "", False),
     ("patch", "nodes", "status", "", False),

@@ -15,7 +15,7 @@ pytest.importorskip("lightkube", reason="lightkube is not installed here (pip in
 import httpx2  # noqa: E402 - lightkube's HTTP client
 
 from tests.history_seed import Clock  # noqa: E402
-from tests.k8s.runtime_fixtures import MemoryApiserver, RecordingDriver, kube_runtime  # noqa: E402
+from tests.k8s.runtime_fixtures import MemoryApiserver, RecordingDriver, kube_runtime, run_round  # noqa: E402
 from trainwarden.bus.messages import StartInstance  # noqa: E402
 from trainwarden.events import InstanceExited, InstanceSpec, JobSpec, LogLine, NodeLost, RoleSpec  # noqa: E402
 from trainwarden.runtime.kubernetes.drivers import AgentPodDriver  # noqa: E402
@@ -37,11 +37,7 @@ def _runtime(server, namespace="default"):
 
 
 def _round(runtime, heard, clock, round_):
-    for spec in INSTANCES:
-        runtime.start(spec.name, round_, 0)
-    for _ in range(3):
-        clock.advance(1.0)
-        heard.poll()
+    run_round(runtime, heard, clock, round_, INSTANCES)
 
 
 def test_a_round_creates_one_pod_per_instance_and_hands_each_its_incarnation():

@@ -51,6 +51,14 @@ def test_a_section_with_only_an_image_takes_the_defaults(tmp_path):
     job = load_job_file(_job_file(tmp_path, "  image: train:1\n"))
     section = from_wire(json.loads(job.runtime_options)["kubernetes"])
     assert (section.namespace, section.service_account, section.image_pull_policy) == ("default", "", "IfNotPresent")
+    assert (section.pool_label, section.pool_taint) == ("trainwarden.io/pool", "trainwarden.io/pool")
+
+
+def test_a_spot_pools_label_and_taint_are_the_job_files_to_name_and_the_taint_may_be_none(tmp_path):
+    job = load_job_file(_job_file(tmp_path, "  image: train:1\n  pool_label: cloud.google.com/gke-spot\n"
+                                            "  pool_taint: ''\n"))
+    section = section_of(job.spec())
+    assert (section.pool_label, section.pool_taint) == ("cloud.google.com/gke-spot", "")
 
 
 def test_a_job_file_without_the_section_carries_no_engine_options(tmp_path):

@@ -103,9 +103,10 @@ def run(runtime: str, tmp: Path, definition: JobDefinition, trigger: Optional[Tr
         return _run_local(tmp, definition, trigger, timeout_s, market)
     definition = dataclasses.replace(definition, runtime=kind.name)
     if market is not None:
-        if runtime != "agents":
+        if runtime not in ("agents", "kubernetes"):
             pytest.skip(f"spot jobs are not wired to the {runtime} runtime yet (issue 25): submit refuses them")
-        return _run_agents(tmp, definition, trigger, timeout_s, market=market)
+        if runtime == "agents":
+            return _run_agents(tmp, definition, trigger, timeout_s, market=market)
     if runtime == "slurm":  # its agents are those of the Slurm nodes, its site the cluster CI starts
         return _run_agents(tmp, definition, trigger, timeout_s, slurm=slurm or slurm_site(tmp))
     if runtime == "kubernetes":  # its agents are those of the Kubernetes nodes CI starts, adopting the pods
@@ -113,7 +114,7 @@ def run(runtime: str, tmp: Path, definition: JobDefinition, trigger: Optional[Tr
             definition = dataclasses.replace(definition, runtime_options=json.dumps({"kubernetes": section}))
             trigger = _evicting(trigger, site, section["namespace"]) if trigger else None
             looked: dict = {}
-            outcome = _run_agents(tmp, definition, trigger, timeout_s, sites={"kubernetes": site},
+            outcome = _run_agents(tmp, definition, trigger, timeout_s, sites={"kubernetes": site}, market=market,
                                   node_names=KUBE_NODES, agent_options=agent_options, after=lambda bus: looked.update(
                                       _kube_after(site, agent_options["k8s_state_dir"], bus)))
             return dataclasses.replace(outcome, engine=looked)

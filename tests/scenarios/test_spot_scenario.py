@@ -13,8 +13,10 @@ import dataclasses
 
 import pytest
 
+from tests.scenarios import kube_spot
 from tests.scenarios.pinned import KIND as PINNED
 from tests.scenarios.runtimes import RUNTIMES, job, run
+from trainwarden.events import DecisionKind
 from trainwarden.rules.loader import load_rules
 from trainwarden.simulation.spot_job import simulate
 from trainwarden.spot.market import TraceMarket
@@ -31,8 +33,8 @@ TRACE = [(0, 0.3, 8),  # at the bid's reach: runs at once
 _ROWS: dict[str, list] = {}
 
 
-def _market(tmp_path) -> str:
-    rows = "\n".join(f"  - {{time: {t}, instance_type: ecs.g7.xlarge, price: {p}, stock: {s}}}" for t, p, s in TRACE)
+def _market(tmp_path, trace=TRACE) -> str:
+    rows = "\n".join(f"  - {{time: {t}, instance_type: ecs.g7.xlarge, price: {p}, stock: {s}}}" for t, p, s in trace)
     path = tmp_path / "market.yaml"
     path.write_text("pools:\n  general: {notice_s: 1}\ninstance_types:\n"
                     f"  ecs.g7.xlarge: {{pool: general, on_demand: 1.2}}\nprices:\n{rows}\n")
@@ -48,7 +50,12 @@ def test_a_spot_job_released_on_a_price_crossing_and_a_stock_shortage_resumes_wh
     definition = job(job_id, tmp_path, "--enable-job-restart=True", "--steps", "36", "--step-s", "0.25")
     definition = dataclasses.replace(definition, spot=(RoleBid(role="worker", instance_type="ecs.g7.xlarge", count=2,
                                                                discount=0.5, price_limit=None),))
-    outcome = run(runtime, tmp_path, definition, market=market, timeout_s=120)
+    if runtime == "kubernetes":  # one node is the pool's: the job's pods must go there, and only there
+        with kube_spot.pool_node("general", job_id) as pods:
+            outcome = run(runtime, tmp_path, definition, market=market, timeout_s=120)
+        kube_spot.check_pods(pods, outcome)
+    else:
+        outcome = run(runtime, tmp_path, definition, market=market, timeout_s=120)
     assert outcome.succeeded, (outcome.spot, outcome.texts())
     rows = outcome.spot
     shape = [(r["round"], r["state"], r["action"], r["reason"], r["preemptions"], r["resumes"]) for r in rows]
@@ -84,3 +91,23 @@ def test_a_spot_job_released_on_a_price_crossing_and_a_stock_shortage_resumes_wh
     for other, other_shape in _ROWS.items():
         assert shape == other_shape, f"{runtime} wrote other spot rows than {other}"
     _ROWS[runtime] = shape
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_spot_job_with_fault_tolerance_off_fails_at_the_first_preemption(runtime, tmp_path, job_id):
+    if runtime == PINNED.name:
+        pytest.skip("spot jobs are not wired to the tests' own pinned runtime (it declares no preempt)")
+    market = _market(tmp_path, [(0, 0.3, 8), (3, 0.9, 8), (5, 0.3, 8)])
+    definition = job(job_id, tmp_path, "--fault-tolerant-policy=Never", "--steps", "36", "--step-s", "0.25")
+    definition = dataclasses.replace(definition, spot=(RoleBid(role="worker", instance_type="ecs.g7.xlarge", count=2,
+                                                               discount=0.5, price_limit=None),))
+    if runtime == "kubernetes":
+        with kube_spot.pool_node("general", job_id) as pods:
+            outcome = run(runtime, tmp_path, definition, market=market, timeout_s=90)
+        kube_spot.check_none_left(pods)
+    else:
+        outcome = run(runtime, tmp_path, definition, market=market, timeout_s=90)
+    assert outcome.final is not None and outcome.final.kind is DecisionKind.FAIL_JOB, outcome.final
+    assert [r["state"] for r in outcome.spot] == ["queued", "running", "failed"], outcome.spot
+    [record] = outcome.jobs
+    assert (record["status"], record["rounds"]) == ("failed", 0), record

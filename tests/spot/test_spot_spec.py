@@ -55,6 +55,21 @@ def test_a_discount_bid_is_read_with_its_role_count_and_type(tmp_path):
     assert engine_bid.discount == 0.4 and not engine_bid.compare_average
 
 
+def test_a_checked_bid_names_its_pool_and_the_submitted_spec_carries_each_spot_roles_pool(tmp_path):
+    from trainwarden.services.follow import job_submitted
+
+    job = load_job_file(job_file(tmp_path, """\
+        SpotStrategy: SpotWithPriceLimit
+        SpotDiscountLimit: 0.4
+        instance_type: ecs.g7.xlarge
+    """))
+    bids = check_bids(job.spot, market(tmp_path))
+    assert bids[0].pool == "general"
+    # Where a cluster runtime places the role (kubernetes: the pool's nodes); none for a job on ordinary capacity.
+    assert job_submitted(job, bids).spec.spot_pools == (("worker", "general"),)
+    assert job_submitted(job).spec.spot_pools == ()
+
+
 def test_a_discount_of_0_35_is_refused_naming_the_field_and_its_line(tmp_path):
     message = error_of(tmp_path, """\
         SpotStrategy: SpotWithPriceLimit

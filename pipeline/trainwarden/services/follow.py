@@ -17,9 +17,13 @@ from trainwarden.jobspec import JobDefinition
 
 
 def job_submitted(job: JobDefinition, spot: tuple[SpotBid, ...] = ()) -> JobSubmitted:
-    """spot: the bids checked against the market (spot/spec.py check_bids)."""
+    """spot: the bids checked against the market (spot/spec.py check_bids);
+    their pools go in the spec too, for the runtime that places the roles."""
+    spec = job.spec()
+    if any(bid.pool for bid in spot):
+        spec = msgspec.structs.replace(spec, spot_pools=tuple((bid.role, bid.pool) for bid in spot if bid.pool))
     return JobSubmitted(job_id=job.job_id, time=clock_now(), framework=job.framework, args=job.args,
-                        instances=job.instances(), spec=job.spec(), activity_reports=True, spot=spot)
+                        instances=job.instances(), spec=spec, activity_reports=True, spot=spot)
 
 
 def submit(bus: Bus, job: JobDefinition, spot: tuple[SpotBid, ...] = ()) -> None:

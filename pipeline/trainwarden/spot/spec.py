@@ -95,5 +95,5 @@ def check_bids(bids: tuple[RoleBid, ...], market: "MarketProvider") -> tuple[Spo
                               hint=f"bid a discount, e.g. {DISCOUNT_KEY}: 0.5")
         out.append(SpotBid(role=bid.role, instance_type=bid.instance_type, count=bid.count,
                            discount=bid.discount, price_limit=bid.price_limit,
-                           compare_average=pool.compare == "average"))
+                           compare_average=pool.compare == "average", pool=pool.name))
     return tuple(out)

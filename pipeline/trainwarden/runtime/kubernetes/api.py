@@ -33,6 +33,8 @@ FIELD_MANAGER = "trainwarden"
 NEEDED = (("create", "pods", ""), ("delete", "pods", ""), ("list", "pods", ""), ("get", "pods", ""),
           ("watch", "pods", ""), ("get", "nodes", ""), ("list", "nodes", ""), ("watch", "nodes", ""),
           ("patch", "nodes", ""))
+# A spot job's too: its release marks each pod DisruptionTarget (its status) before deleting it.
+NEEDED_SPOT = (("patch", "pods", "status"),)
 # A watch the apiserver ends after this long (a new one resumes at the version reached): the
 # watching thread looks at least this often whether it is still wanted.
 WATCH_SERVER_TIMEOUT_S = 30
@@ -85,6 +87,17 @@ class KubeApi:
         try:
             self._call(f"delete pod {name} in namespace {namespace}",
                        lambda: self.client.delete(Pod, name, namespace=namespace, grace_period=grace_s))
+        except KubeError as exc:
+            if getattr(exc, "status", 0) == 404:
+                return False
+            raise
+        return True
+
+    def patch_pod_status(self, name: str, namespace: str, patch: dict) -> bool:
+        """A strategic merge patch of the pod's status subresource; False when the pod is gone."""
+        try:
+            self._call(f"patch pods/status of {name} in namespace {namespace}", lambda: self.client.patch(
+                Pod.Status, name, patch, namespace=namespace, patch_type=PatchType.STRATEGIC))
         except KubeError as exc:
             if getattr(exc, "status", 0) == 404:
                 return False
@@ -168,13 +181,14 @@ class KubeApi:
         assert isinstance(answer, SelfSubjectAccessReview)
         return bool(answer.status and answer.status.allowed)
 
-    def preflight(self, namespace: str) -> None:
+    def preflight(self, namespace: str, spot: bool = False) -> None:
         """Before anything of a job is created: the namespace exists and every
-        verb the runtime uses is allowed. KubeError naming the first that is not."""
+        verb the runtime uses is allowed (``spot``: a spot job's release's
+        too). KubeError naming the first that is not."""
         if not self.namespace_exists(namespace):
             raise KubeError(f"the namespace {namespace!r} does not exist on the cluster",
                             hint=f"create it (kubectl create namespace {namespace}) or fix 'kubernetes.namespace'")
-        for verb, resource, subresource in NEEDED:
+        for verb, resource, subresource in NEEDED + (NEEDED_SPOT if spot else ()):
             if not self.allowed(verb, resource, subresource, namespace):
                 what = f"{resource}/{subresource}" if subresource else resource
                 where = "" if resource == "nodes" else f" in namespace {namespace}"

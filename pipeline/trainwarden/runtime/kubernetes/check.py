@@ -26,13 +26,13 @@ REFUSED = 2
 def check(job_file: str, kubeconfig: Optional[str] = None, api=None) -> str:
     """"" when the job can run on the cluster; else the one sentence (and hint) saying why not."""
     try:
-        section = job_section(job_file)
+        section, spot = job_section(job_file), has_spot_roles(job_file)
     except ConfigError as exc:
         return str(exc) + (f" (hint: {exc.hint})" if exc.hint else "")
     from trainwarden.runtime.kubernetes.api import KubeApi, KubeError  # the client: only once the file is good
 
     try:
-        (api or KubeApi.connect(kubeconfig)).preflight(section.namespace)
+        (api or KubeApi.connect(kubeconfig)).preflight(section.namespace, spot=spot)
     except KubeError as exc:
         return str(exc) + (f" (hint: {exc.hint})" if exc.hint else "")
     return ""
@@ -53,6 +53,13 @@ def job_section(job_file: str) -> KubernetesSection:
         raise ConfigError("the job file has no kubernetes: section; the kubernetes runtime needs at least its "
                           "image", job_file, hint="add 'kubernetes: {image: ...}'")
     return parse_section(document["kubernetes"], job_file, document.line_of("kubernetes"))
+
+
+def has_spot_roles(job_file: str) -> bool:
+    """Whether a role of the job file has a spot section (its release needs one more verb)."""
+    document = load_yaml_file(job_file, Allowance(JOB_FILE))
+    roles = document.get("roles") if isinstance(document, dict) else None
+    return isinstance(roles, dict) and any(isinstance(role, dict) and "spot" in role for role in roles.values())
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -63,11 +63,12 @@ def job_selector(job_id: str) -> str:
 def pod_manifest(*, job_id: str, spec: InstanceSpec, world_size: int, generation: int, round_: int,
                  section: KubernetesSection, command: Sequence[str], env: Mapping[str, str], master_addr: str,
                  master_port: int, avoid_nodes: Sequence[str] = (), host_network: bool = True,
-                 state_dir: str = STATE_MOUNT, grace_s: float = 10.0, workdir: str = "") -> dict:
+                 state_dir: str = STATE_MOUNT, grace_s: float = 10.0, workdir: str = "", pool: str = "") -> dict:
     """One instance's pod. ``command`` runs the pod host; ``env`` is what
     every incarnation shares (environment.job_env and the static part of
     instance_env); ``avoid_nodes`` are nodes the runtime knows to be bad
-    before Kubernetes does (lost, isolated a moment ago)."""
+    before Kubernetes does (lost, isolated a moment ago); ``pool``: the
+    market pool of a spot role, whose nodes alone it runs on (pool_placement)."""
     labels = {JOB_LABEL: label_value(job_id), ROLE_LABEL: label_value(spec.role), INDEX_LABEL: str(spec.index),
               ROUND_LABEL: str(round_)}
     variables = [{"name": key, "value": value} for key, value in sorted(env.items())]
@@ -113,10 +114,11 @@ def pod_manifest(*, job_id: str, spec: InstanceSpec, world_size: int, generation
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     if section.service_account:
         pod_spec["serviceAccountName"] = section.service_account
-    if section.node_selector:
-        pod_spec["nodeSelector"] = dict(section.node_selector)
-    if section.tolerations:
-        pod_spec["tolerations"] = [t.manifest() for t in section.tolerations]
+    selector, tolerations = pool_placement(section, pool)
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(job_id, spec.name, generation), "namespace": section.namespace,
@@ -124,6 +126,31 @@ def pod_manifest(*, job_id: str, spec: InstanceSpec, world_size: int, generation
                      "annotations": {JOB_ID_ANNOTATION: job_id, INSTANCE_ANNOTATION: spec.name}},
         "spec": pod_spec,
     }
+
+
+def pool_placement(section: KubernetesSection, pool: str) -> tuple[dict, list]:
+    """The pod's nodeSelector and tolerations: the section's, and for a spot
+    role (``pool``) its pool's nodes: the label ``<pool_label>=<pool>`` and a
+    toleration of the taint ``<pool_taint>=<pool>`` whatever its effect."""
+    selector = dict(section.node_selector)
+    tolerations = [t.manifest() for t in section.tolerations]
+    if pool:
+        selector[section.pool_label] = label_value(pool)
+        if section.pool_taint:
+            tolerations.append({"key": section.pool_taint, "operator": "Equal", "value": label_value(pool)})
+    return selector, tolerations
+
+
+# The reason of the DisruptionTarget condition a spot release puts on its pods
+# before deleting them, as a cloud's spot reclaim shows on its pods.
+RELEASE_REASON = "TerminationByTrainwarden"
+
+
+def release_condition(message: str, now_rfc3339: str) -> dict:
+    """A strategic merge patch of a pod's status: the DisruptionTarget
+    condition of a spot release (conditions merge by type)."""
+    return {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": RELEASE_REASON,
+                                       "message": message[:1000], "lastTransitionTime": now_rfc3339}]}}
 
 
 def _away_from(avoid_nodes: Sequence[str]) -> dict:

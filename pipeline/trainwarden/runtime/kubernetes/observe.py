@@ -30,6 +30,7 @@ DISRUPTIONS = {
     "TerminationByKubelet": "terminated by the kubelet (node pressure or shutdown)",
     "DeletionByTaintManager": "deleted by the taint manager (a NoExecute taint it does not tolerate)",
     "DeletionByPodGC": "deleted by the pod garbage collector (its node is gone)",
+    "TerminationByTrainwarden": "released by Trainwarden: the spot market took its capacity back",
 }
 # A container that never ran its command: its code says nothing of the job.
 CANNOT_START = 127

@@ -23,6 +23,14 @@ restarted in place.
   node loss (``NodeDown``), preemption (``CapacityTaken``, not a fault), a
   pod whose container ended (its exit, a ``JobEvent``); an API error is an
   ``EngineError``, an isolation a ``NodeIsolated``.
+- A spot job's release (``preempt``: the market took the capacity back)
+  is a cloud's spot reclaim: SIGTERM to each incarnation in place, through
+  its pod's host, with the pool's notice before SIGKILL; once the notice is
+  over each pod gets a ``DisruptionTarget`` condition (reason
+  ``TerminationByTrainwarden``, its status patched) and is deleted. Those
+  pods are no longer the job's: nothing they say reaches the engine. The
+  resumed round gets new pods, on the pool's nodes (a spot role's pods
+  select its pool's label and tolerate its taint: manifests.pool_placement).
 - The job's end deletes every pod of it (by its label): none is left.
 - Before the first pod, the namespace and every verb the runtime uses are
   checked (KubeApi.preflight): a job the cluster cannot run fails at once,
@@ -33,6 +41,7 @@ restarted in place.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import secrets
 from typing import Callable, Optional, Sequence
 
@@ -50,6 +59,7 @@ from trainwarden.runtime.kubernetes.manifests import (
     job_selector,
     label_value,
     pod_manifest,
+    release_condition,
     uncordon_patch,
     with_isolation_taint,
 )
@@ -63,6 +73,9 @@ from trainwarden.runtime.nodes import Cluster, master_port
 LOOK_EVERY_S = 0.2  # at the watch's copy (memory)
 LIST_EVERY_S = 1.0  # at the apiserver, while the watch is out of sync (or off)
 POD_HOST_MODULE = "trainwarden.runtime.kubernetes.pod_host"
+# A released pod's deletion grace: its incarnation had the pool's notice already; its host
+# ends at once, and the pod shows as terminating with its DisruptionTarget, as a reclaimed one does.
+RELEASE_GRACE_S = 1
 
 
 @dataclasses.dataclass
@@ -167,11 +180,13 @@ class _Pod:
     seen: bool = False  # in what the apiserver said since its creation
     ran: Optional[tuple[int, int]] = None  # the incarnation its host runs, None once stopped
     runs: int = 0  # incarnations handed to its host: more than one is a restart in place
+    release_at: Optional[float] = None  # a spot release: marked DisruptionTarget and deleted then (runtime's clock)
+    released: bool = False  # marked and deleted
 
 
 class KubernetesRuntime(ClusterJob):
     capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.ISOLATE_NODE,
-                              Capability.STACK_DUMP})
+                              Capability.STACK_DUMP, Capability.PREEMPT})
     places_itself = True
 
     def __init__(self, job: JobToRun, cluster: Cluster, clock: Callable[[], float], site: KubeSite):
@@ -192,6 +207,8 @@ class KubernetesRuntime(ClusterJob):
         self.created = 0
         self.recreated = 0
         self.in_place = 0
+        self.released = 0  # pods a spot release marked DisruptionTarget and deleted
+        self.pools = dict(job.spec.spot_pools)  # spot role -> its market pool: where its pods go
         self._next_watch = 0.0
 
     # ------------------------------------------------------------ protocol
@@ -213,6 +230,25 @@ class KubernetesRuntime(ClusterJob):
                 self._drive(self.site.driver.stop, pod.node, pod.uid, self.spec.stop_grace_s)
                 pod.ran = None
 
+    def preempt(self, notice_s: float) -> None:
+        """The market took a spot job's capacity back, as a cloud's spot
+        reclaim does: SIGTERM to every incarnation in place (its pod's host,
+        through the agents, SIGKILL after the pool's notice; none: at once),
+        and once the notice is over each pod is marked DisruptionTarget and
+        deleted (poll). From now on those pods are not the job's: the
+        resumed round creates new ones when the market allows."""
+        self.pending.clear()
+        self.stop_on_agents(self.instance_names, "", dict(self.incarnation), grace_s=notice_s)
+        release_at = self.clock() + max(notice_s, 0.0)
+        for pod in self.pods.values():
+            if pod.release_at is not None:
+                continue
+            if pod.ran is not None and pod.uid and not pod.bad:
+                self._drive(self.site.driver.stop, pod.node, pod.uid, notice_s)
+            pod.ran, pod.release_at = None, release_at
+            pod.bad = "the spot market took its capacity back"
+        self._release_due()
+
     def isolate_node(self, node: str, reason: str) -> None:
         self.avoid.add(node)
         # A node Kubernetes would not cordon is still avoided by this job's
@@ -227,6 +263,7 @@ class KubernetesRuntime(ClusterJob):
             self._next_watch = now + (LOOK_EVERY_S if self._watch() else LIST_EVERY_S)
         for event in self.site.followed(self.job_id):
             self.say(JobEvent(event))
+        self._release_due()
         self._advance()
         return self.drain()
 
@@ -256,7 +293,7 @@ class KubernetesRuntime(ClusterJob):
             return
         if not self.checked:
             try:
-                self.api.preflight(self.section.namespace)
+                self.api.preflight(self.section.namespace, spot=bool(self.pools))
             except KubeError as exc:
                 self._error(exc)  # unavailable: tried again next turn; else the job cannot run
                 return
@@ -314,7 +351,11 @@ class KubernetesRuntime(ClusterJob):
         spec = self.specs[name]
         role = self.spec.role(spec.role)
         generation = old.generation + 1 if old is not None else 0
-        if old is not None:
+        if old is not None and old.release_at is not None:
+            # Resumed before its release's notice was over: released now (marked, then deleted).
+            if not old.released and not self._release(old):
+                return  # the apiserver did not answer: the next turn
+        elif old is not None:
             self._call(self.api.delete_pod, old.name, self.section.namespace, 0)
             self.recreated += 1
         round_ = self.pending[name][0]
@@ -326,7 +367,7 @@ class KubernetesRuntime(ClusterJob):
             env=job_env(self.spec, role, self.settings), master_addr=self._master_address() or "",
             master_port=master_port(self.job_id, round_), avoid_nodes=sorted(self.avoid),
             host_network=self.site.host_network, state_dir=self.site.state_dir, grace_s=self.spec.stop_grace_s,
-            workdir=self.spec.workdir)
+            workdir=self.spec.workdir, pool=self.pools.get(spec.role, ""))
         created = self._call(self.api.create_pod, manifest)
         if created is None:
             if self.failed:
@@ -334,6 +375,32 @@ class KubernetesRuntime(ClusterJob):
             return
         self.created += 1
         self.pods[name] = _Pod(manifest["metadata"]["name"], generation, uid=created["metadata"].get("uid", ""))
+
+    def _release_due(self) -> None:
+        """The pods of a spot release whose notice is over: marked and deleted."""
+        now = self.clock()
+        for pod in self.pods.values():
+            if pod.release_at is not None and not pod.released and now >= pod.release_at:
+                self._release(pod)
+
+    def _release(self, pod: _Pod) -> bool:
+        """The pod marked DisruptionTarget (its status), then deleted, as a
+        cloud's spot reclaim does; False when the apiserver did not answer
+        (tried again next turn). A pod gone already needs neither."""
+        namespace = self.section.namespace
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        condition = release_condition(f"the spot market took the capacity of job {self.job_id} back (a price above "
+                                      f"its bid or stock short); its instances had the pool's notice", stamp)
+        marked = self._call(self.api.patch_pod_status, pod.name, namespace, condition)
+        if marked is None and not self.failed:
+            return False
+        # Refused for good (said once, the job cannot run here): deleted all the same, the capacity is the market's.
+        if marked is not False and self._call(self.api.delete_pod, pod.name, namespace, RELEASE_GRACE_S) is None \
+                and not self.failed:
+            return False
+        pod.released = True
+        self.released += 1
+        return True
 
     def _with_agent_dir(self) -> KubernetesSection:
         if not self.site.agent_dir:
@@ -405,6 +472,8 @@ class KubernetesRuntime(ClusterJob):
                 continue
             pod = self.pods[name]
             pod.uid, pod.node, pod.running, pod.seen = view.uid or pod.uid, view.node, view.running, True
+            if pod.release_at is not None:
+                continue  # released by the market: not the job's any more (its own DisruptionTarget is no news)
             round_, start = self.incarnation.get(name, (0, 0))
             current[view.name] = Incarnation(name, round_, start)
             node = node_views.get(view.node)

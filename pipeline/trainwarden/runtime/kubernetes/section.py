@@ -10,6 +10,8 @@
         - {key: gpu, operator: Exists, effect: NoSchedule}
       resources: {nvidia.com/gpu: 1, cpu: "4", memory: 16Gi}   # requests = limits
       host_paths: [/usr, /data:rw]     # hostPath volumes at the same path (read-only unless :rw)
+      pool_label: trainwarden.io/pool  # a spot role's pods select the nodes labelled <pool_label>=<its pool>
+      pool_taint: trainwarden.io/pool  # and tolerate the taint <pool_taint>=<its pool> ("" tolerates none)
 
 Strict like the rest of the job file: an unknown key, a value of the wrong
 kind or a name Kubernetes would refuse is one error naming the field and its
@@ -31,6 +33,10 @@ from trainwarden.yamlsrc import ConfigError, Fields
 # What Trainwarden puts on a node it isolates (isolation.py); a job tolerating
 # it would land on exactly the nodes taken out of service.
 ISOLATED_TAINT = "trainwarden.io/isolated"
+# A spot role's pods go to its market pool's nodes: those labelled <POOL_KEY>=<pool>, whose taint
+# <POOL_KEY>=<pool> (any effect) they tolerate. Both keys are the job's to change (a cloud's own
+# spot label and taint, e.g. cloud.google.com/gke-spot).
+POOL_KEY = "trainwarden.io/pool"
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 OPERATORS = ("Exists", "Equal")
@@ -83,6 +89,8 @@ class KubernetesSection:
     tolerations: tuple[Toleration, ...] = ()
     resources: tuple[tuple[str, str], ...] = ()
     host_paths: tuple[HostPath, ...] = ()
+    pool_label: str = POOL_KEY
+    pool_taint: str = POOL_KEY  # "": a spot role's pods tolerate no pool taint
 
     def to_wire(self) -> dict:
         """Plain data for the job's spec on the bus (from_wire reads it back, checked again)."""
@@ -90,14 +98,15 @@ class KubernetesSection:
                 "image_pull_policy": self.image_pull_policy, "node_selector": dict(self.node_selector),
                 "tolerations": [dataclasses.asdict(t) for t in self.tolerations],
                 "resources": dict(self.resources),
-                "host_paths": [p.path + (":rw" if p.writable else "") for p in self.host_paths]}
+                "host_paths": [p.path + (":rw" if p.writable else "") for p in self.host_paths],
+                "pool_label": self.pool_label, "pool_taint": self.pool_taint}
 
 
 def parse_section(mapping: Any, path: str = "<kubernetes>", line: int = 0) -> KubernetesSection:
     """The ``kubernetes:`` mapping of a job file, checked; ConfigError naming the field otherwise."""
     top = Fields(mapping, path, "the 'kubernetes' section", line,
                  known=("namespace", "service_account", "image", "image_pull_policy", "node_selector",
-                        "tolerations", "resources", "host_paths"))
+                        "tolerations", "resources", "host_paths", "pool_label", "pool_taint"))
     image = top.get("image", str, ..., "an image reference")
     if not IMAGE.match(image):
         raise top.error("image", f"'kubernetes.image' {quote(image)} is not an image reference",
@@ -117,7 +126,8 @@ def parse_section(mapping: Any, path: str = "<kubernetes>", line: int = 0) -> Ku
     section = KubernetesSection(
         image=image, namespace=namespace, service_account=account, image_pull_policy=policy,
         node_selector=_node_selector(top), tolerations=_tolerations(top, path),
-        resources=_resources(top), host_paths=_host_paths(top))
+        resources=_resources(top), host_paths=_host_paths(top), pool_label=_pool_key(top, "pool_label"),
+        pool_taint=_pool_key(top, "pool_taint"))
     top.done()
     return section
 
@@ -215,6 +225,20 @@ def _resources(top: Fields) -> tuple[tuple[str, str], ...]:
             raise top.error("resources", f"'kubernetes.resources.{name}' must be a whole number, not {quote(amount)}")
         out.append((name, text))
     return tuple(sorted(out))
+
+
+def _pool_key(top: Fields, key: str) -> str:
+    """pool_label (required to be a key) or pool_taint ("" for none): a label or taint key, never the isolation's."""
+    value = top.get(key, str, POOL_KEY)
+    if key == "pool_taint" and value == "":
+        return value
+    if not QUALIFIED.match(value):
+        raise top.error(key, f"'kubernetes.{key}' {quote(value)} is not a {key.split('_')[1]} key",
+                        hint=f"e.g. {POOL_KEY} (the default) or a cloud's own, such as cloud.google.com/gke-spot")
+    if value == ISOLATED_TAINT:
+        raise top.error(key, f"'kubernetes.{key}' is {ISOLATED_TAINT}, the key of nodes Trainwarden isolated",
+                        hint=f"name the key the spot pools' nodes carry, e.g. {POOL_KEY}")
+    return value
 
 
 def _host_paths(top: Fields) -> tuple[HostPath, ...]:
