@@ -203,6 +203,59 @@ def test_with_sasl_ssl_acls_and_signing_the_services_run_a_job_through_a_crash_t
         assert broker.password(user) not in logs + out + err
 
 
+class MarketUnreadable(SecureServices):
+    """The services of a site that granted the processor everything but Read
+    on the market topic (an older ACL set, or a typo in it)."""
+
+    def _as(self, user: str):
+        if not self._granted:
+            self.broker.grant(self.topic_prefix)
+            _take_back(self.broker, "User:processor", f"{self.topic_prefix}.market")
+            self._granted = True
+        return super()._as(user)
+
+
+def _take_back(broker: SecureBroker, principal: str, topic: str) -> None:
+    import importlib.util
+
+    from kafka import KafkaAdminClient
+
+    spec = importlib.util.spec_from_file_location("local_kafka_acls", ROOT / "deploy" / "kafka" / "acls.py")
+    acls = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(acls)
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, client_id="twtest-acls", request_timeout_ms=15000,
+                             **acls.client_options(str(broker.secrets)))
+    try:
+        prefix = topic.rsplit(".", 1)[0]
+        taken = [a for a in acls.acls_for(prefix) if a.principal == principal
+                 and a.resource_pattern.resource_name == topic]
+        assert taken, (principal, topic)
+        admin.delete_acls(taken)
+    finally:
+        admin.close()
+
+
+def test_a_processor_refused_read_on_the_market_topic_still_runs_every_other_job_to_its_end(
+        broker, tmp_path, job_id, monkeypatch):
+    # The Kafka client retries a refused topic for its whole request timeout
+    # (30 s): looked up on the processor's own loop, that stalled every job.
+    for name, value in broker.env_of("admin").items():
+        monkeypatch.setenv(name, value)
+    services = MarketUnreadable(broker, tmp_path)
+    try:
+        began = time.monotonic()
+        proc = services.submit("--job-id", job_id, "--nproc", "2", "--args", "--enable-job-restart=True", "--",
+                               *behave("--steps", "10", "--step-s", "0.1", "--fail-rank", "1", "--fail-rounds", "0",
+                                       "--fail-at-step", "3", "--fail-message", NCCL))
+        out, err = proc.communicate(timeout=240)
+        took = time.monotonic() - began
+        assert proc.returncode == 0, services.logs() + "\n--- submit\n" + out[-3000:] + err[-3000:]
+        assert took < 30, f"the job took {took:.1f} s: its processor's turns waited for the market topic"
+        assert "spot jobs wait for prices (every other job goes on)" in (tmp_path / "processor.log").read_text()
+    finally:
+        services.stop()
+
+
 # ------------------------------------------------------------- the ACLs
 
 

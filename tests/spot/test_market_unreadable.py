@@ -77,7 +77,7 @@ def test_a_processor_that_cannot_read_the_market_topic_decides_for_every_other_j
 
         bus.readable.set()  # Read granted: the next look finds the end, and live quotes count
         deadline = time.monotonic() + 10
-        while processor.market.backlog_end.value is None and time.monotonic() < deadline:
+        while processor.market.reader.opened is None and time.monotonic() < deadline:
             processor.run_once(timeout_s=0.05)
         clock.at = T0 + 1
         _publish(bus, _quote(0.3, 0, T0 + 1))

@@ -29,49 +29,53 @@ from trainwarden.spot.quotes import MarketView
 
 _log = logging.getLogger("trainwarden.processor")
 
-# How long a processor's start waits for the market topic's end before it goes
-# on without (its spot jobs wait for it; its other jobs do not), and how soon
-# a lookup that failed is tried again.
+# How long a processor's start waits for the market topic before it goes on
+# without it (its spot jobs wait for prices; its other jobs do not), and how
+# soon a look that failed is tried again.
 LOOKUP_WAIT_S = 1.0
 LOOKUP_RETRY_S = 10.0
 
 
-class BacklogEnd:
-    """The market topic's end offset when the processor started (where live
-    quotes begin), looked up on a thread of its own: a broker that cannot
-    answer it (no Read on the topic, which the Kafka client retries for its
-    whole request timeout) must not stall the turns of every job."""
+class MarketReader:
+    """The market topic's consumer and its end offset when the processor
+    started (where live quotes begin), opened on a thread of its own: a
+    broker that refuses this processor Read on the topic (a site whose ACLs
+    predate it; the Kafka client retries such a lookup for its whole request
+    timeout) must neither stop the processor nor stall the turns of every job."""
 
     def __init__(self, bus: Bus):
-        self.value: Optional[int] = None
+        self.opened: Optional[tuple] = None  # (consumer, backlog end) once both are known
         self.failures = 0
         self._said = ""
         self._stop = threading.Event()
-        self._found = threading.Event()
-        threading.Thread(target=self._look, args=(bus,), name="market-backlog-end", daemon=True).start()
-        self._found.wait(LOOKUP_WAIT_S)
+        self._done = threading.Event()
+        threading.Thread(target=self._open, args=(bus,), name="market-reader", daemon=True).start()
+        self._done.wait(LOOKUP_WAIT_S)
 
-    def _look(self, bus: Bus) -> None:
+    def _open(self, bus: Bus) -> None:
         while not self._stop.is_set():
+            consumer = None
             try:
-                consumer = bus.consumer([MARKET], None)
-                try:
-                    self.value = consumer.end_offset(MARKET, 0)
-                finally:
-                    consumer.close()
-                self._found.set()
+                consumer = bus.consumer([MARKET], None, from_beginning=True)
+                self.opened = (consumer, consumer.end_offset(MARKET, 0))
+                self._done.set()
                 return
             except BusError as exc:
                 self.failures += 1
+                if consumer is not None:
+                    consumer.close()
                 if str(exc) != self._said:  # said once, counted every time
                     self._said = str(exc)
-                    _log.error("the market topic cannot be read, so spot jobs wait for prices (other jobs go on): "
-                               "%s Hint: grant this processor's user Read on %s (deploy/kafka/acls.py); tried "
-                               "again every %g s.", exc, MARKET, LOOKUP_RETRY_S)
+                    _log.error("spot jobs wait for prices (every other job goes on): %s Hint: grant this "
+                               "processor's user Read on the market topic (deploy/kafka/acls.py); tried again "
+                               "every %g s.", str(exc).rstrip(), LOOKUP_RETRY_S)
             self._stop.wait(LOOKUP_RETRY_S)
+        self._done.set()
 
     def close(self) -> None:
         self._stop.set()
+        if self._done.wait(LOOKUP_WAIT_S) and self.opened is not None:
+            self.opened[0].close()
 
 
 class MarketFeed:
@@ -80,15 +84,14 @@ class MarketFeed:
         self.view = MarketView()
         self.undecodable = 0
         self.updates = 0  # market updates handed to jobs
-        self.consumer = bus.consumer([MARKET], None, from_beginning=True)
-        self.backlog_end = BacklogEnd(bus)  # offset where live quotes begin: the end at the start
+        self.reader = MarketReader(bus)
         self._given: dict[str, tuple[Offer, ...]] = {}  # job -> the offers it was last given by this processor
 
     def poll(self, timeout_s: float = 0.0) -> None:
-        backlog_end = self.backlog_end.value
-        if backlog_end is None:
+        if self.reader.opened is None:
             return  # nothing read can be told live from backlog yet
-        for record in self.consumer.poll(timeout_s, max_records=1000):
+        consumer, backlog_end = self.reader.opened
+        for record in consumer.poll(timeout_s, max_records=1000):
             try:
                 quote = decode(MARKET, record.value)
             except DecodeError:
@@ -119,8 +122,7 @@ class MarketFeed:
             self._given.pop(job_id, None)
 
     def close(self) -> None:
-        self.backlog_end.close()
-        self.consumer.close()
+        self.reader.close()
 
 
 def send_to_events(producer) -> Callable[[str, bytes], None]:

@@ -128,7 +128,7 @@ class Processor:
                             send_to_events(self.producer))
         counted = self.market.view.counters
         self.counters.market_updates = self.market.updates
-        self.counters.market_unreadable = self.market.backlog_end.failures
+        self.counters.market_unreadable = self.market.reader.failures
         self.counters.market_quotes_not_taken = counted.late + counted.out_of_order + counted.backlog + counted.invalid
 
     # ---------------------------------------------------------- partitions
