@@ -36,7 +36,7 @@ def add_commands(sub) -> None:
 
 # The runtimes whose actuator releases a spot job's instances when the market
 # takes them back (Capability.PREEMPT); the others are not wired to the market yet.
-SPOT_RUNTIMES = ("agents",)
+SPOT_RUNTIMES = ("agents", "slurm")
 
 
 def spot_bids(job, market: str | None):
