@@ -11,7 +11,7 @@ import standardwebhooks
 
 from tests.conftest import ROOT
 from tests.notify.conftest import ENV, SECRET, receiver, subscription_yaml  # noqa: F401 - receiver is a fixture
-from trainwarden.cli.market_cmd import SPOT_RUNTIMES
+from trainwarden.cli.market_cmd import spot_runtimes
 
 pytestmark = pytest.mark.e2e
 
@@ -156,7 +156,7 @@ def test_a_price_limit_in_a_discount_only_pool_is_refused_before_anything_starts
     assert result.code == 2 and "job.yaml:12:" in result.err and "accepts only 'SpotDiscountLimit'" in result.err
 
 
-@pytest.mark.parametrize("runtime", [r for r in ("slurm", "kubernetes") if r not in SPOT_RUNTIMES])
+@pytest.mark.parametrize("runtime", [r for r in ("slurm", "kubernetes") if r not in spot_runtimes()])
 def test_a_spot_job_submitted_to_a_runtime_not_wired_to_the_market_is_refused_rather_than_run_on_ordinary_capacity(
         cli, job_id, tmp_path, runtime):
     market = write_market(tmp_path, [(0, 0.3)])
