@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import textwrap
@@ -11,6 +12,7 @@ import standardwebhooks
 
 from tests.conftest import ROOT
 from tests.notify.conftest import ENV, SECRET, receiver, subscription_yaml  # noqa: F401 - receiver is a fixture
+from trainwarden.cli.market_cmd import spot_runtimes
 
 pytestmark = pytest.mark.e2e
 
@@ -155,14 +157,21 @@ def test_a_price_limit_in_a_discount_only_pool_is_refused_before_anything_starts
     assert result.code == 2 and "job.yaml:12:" in result.err and "accepts only 'SpotDiscountLimit'" in result.err
 
 
-@pytest.mark.parametrize("runtime", ["slurm"])
-def test_a_spot_job_submitted_to_a_runtime_not_wired_to_the_market_is_refused_rather_than_run_on_ordinary_capacity(
-        cli, job_id, tmp_path, runtime):
-    market = write_market(tmp_path, [(0, 0.3)])
-    result = cli("submit", write_job(tmp_path, job_id), "--runtime", runtime, "--market", market,
-                 "--bootstrap", "127.0.0.1:1")
-    assert result.code == 2 and f"the {runtime} runtime is not wired to the market yet" in result.err, result
-    assert "--runtime agents" in result.err
+def test_every_runtime_submit_takes_declares_the_preempt_that_releases_a_spot_job():
+    from trainwarden.runtime.registry import submitted
+
+    assert sorted(spot_runtimes()) == sorted(kind.name for kind in submitted()) == ["agents", "kubernetes", "slurm"]
+
+
+def test_a_spot_job_for_a_runtime_that_cannot_release_it_is_refused_rather_than_run_on_ordinary_capacity(
+        monkeypatch, tmp_path, job_id):
+    from trainwarden.cli import market_cmd
+    from trainwarden.jobspec import load_job_file
+
+    monkeypatch.setattr(market_cmd, "spot_runtimes", lambda: ("agents",))  # a runtime that declares no preempt
+    job = dataclasses.replace(load_job_file(write_job(tmp_path, job_id)), runtime="slurm")
+    bids, (error, hint) = market_cmd.spot_bids(job, write_market(tmp_path, [(0, 0.3)]))
+    assert bids == () and "the slurm runtime is not wired to the market yet" in error and "--runtime agents" in hint
 
 
 def test_a_spot_job_submitted_without_a_market_to_check_its_bids_is_refused(cli, job_id, tmp_path):

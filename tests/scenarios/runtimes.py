@@ -103,10 +103,11 @@ def run(runtime: str, tmp: Path, definition: JobDefinition, trigger: Optional[Tr
         return _run_local(tmp, definition, trigger, timeout_s, market)
     definition = dataclasses.replace(definition, runtime=kind.name)
     if market is not None:
-        if runtime not in ("agents", "kubernetes"):
+        if runtime not in ("agents", "slurm", "kubernetes"):
             pytest.skip(f"spot jobs are not wired to the {runtime} runtime yet (issue 25): submit refuses them")
-        if runtime == "agents":
-            return _run_agents(tmp, definition, trigger, timeout_s, market=market)
+        if runtime != "kubernetes":  # the kubernetes site is built below, for every job
+            slurm = (slurm or slurm_site(tmp)) if runtime == "slurm" else None  # the Slurm nodes' agents, as below
+            return _run_agents(tmp, definition, trigger, timeout_s, market=market, slurm=slurm)
     if runtime == "slurm":  # its agents are those of the Slurm nodes, its site the cluster CI starts
         return _run_agents(tmp, definition, trigger, timeout_s, slurm=slurm or slurm_site(tmp))
     if runtime == "kubernetes":  # its agents are those of the Kubernetes nodes CI starts, adopting the pods

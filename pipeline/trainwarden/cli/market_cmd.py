@@ -34,9 +34,14 @@ def add_commands(sub) -> None:
     cluster_cmd._service_options(market)
 
 
-# The runtimes whose actuator releases a spot job's instances when the market
-# takes them back (Capability.PREEMPT); the others are not wired to the market yet.
-SPOT_RUNTIMES = ("agents", "kubernetes")
+def spot_runtimes() -> tuple[str, ...]:
+    """The runtimes whose actuator releases a spot job's instances when the
+    market takes them back: those declaring Capability.PREEMPT (each runtime
+    says so in its own package); the others are not wired to the market yet."""
+    from trainwarden.runtime.base import Capability
+    from trainwarden.runtime.registry import submitted
+
+    return tuple(kind.name for kind in submitted() if Capability.PREEMPT in kind.capabilities)
 
 
 def spot_bids(job, market: str | None):
@@ -50,9 +55,10 @@ def spot_bids(job, market: str | None):
             return (), ("--market is for jobs with spot roles", "add a 'spot' section to a role of the job file")
         return (), ()
     roles = ", ".join(bid.role for bid in job.spot)
-    if job.runtime not in SPOT_RUNTIMES:
+    wired = spot_runtimes()
+    if job.runtime not in wired:
         # Nothing would release its instances when the price rises: it must not run on ordinary capacity.
-        return (), (f"spot roles ({roles}) run on the {' or '.join(SPOT_RUNTIMES)} runtime only for now; the "
+        return (), (f"spot roles ({roles}) run on the {' or '.join(wired)} runtime only for now; the "
                     f"{job.runtime} runtime is not wired to the market yet",
                     "submit it with --runtime agents, or run it on one machine: trainwarden run JOB.yaml --market "
                     "TRACE")

@@ -28,6 +28,12 @@ for their own instances.
   priority job preempted it: requeued, or ended with PREEMPTED; or an
   operator requeued it) is a preemption, said to the engine as such: not a
   fault. The next round starts when Slurm runs the allocation again.
+- A spot job the market takes back (``preempt``, the engine's requeue) is
+  released as on the agents runtime: SIGTERM to every task through the
+  agents that adopted them, and after the pool's notice the release: the
+  allocation is cancelled, so nothing is held in Slurm while the job waits
+  in the bidding queue; the next round asks for a new one. Its first
+  allocation is asked for only once the engine starts it (the market allows).
 - A job that preloads (``preload:``) gets a standby host on each node of
   each allocation run (standby_host.py): a step of its own that overlaps
   the rounds' steps, started before the first round, which waits for the
@@ -119,7 +125,7 @@ class SlurmSite:
 
 class SlurmRuntime(ClusterJob):
     capabilities = frozenset({Capability.RESTART_JOB, Capability.RESTART_INSTANCE, Capability.ISOLATE_NODE,
-                              Capability.STACK_DUMP})
+                              Capability.STACK_DUMP, Capability.PREEMPT})
     places_itself = True
 
     def __init__(self, job: JobToRun, cluster: Cluster, clock: Callable[[], float], site: SlurmSite):
@@ -130,6 +136,7 @@ class SlurmRuntime(ClusterJob):
         self.excluded: set[str] = set()  # isolated by Trainwarden: drained
         self.down: set[str] = set()  # Slurm says down or not responding: avoided while it lasts
         self.allocation: Optional[int] = None
+        self.release_at: Optional[float] = None  # a spot release's end: the allocation cancelled then
         self.steps: list[_Step] = []
         # Launched in a step and not asked to stop since (ended on their own included):
         # while the others are, a start is a lone restart, not a round waiting for its instances.
@@ -180,13 +187,16 @@ class SlurmRuntime(ClusterJob):
         self._try_launch()
 
     def stop(self, names: Sequence[str], snapshot: str = "", incarnations=None) -> None:
+        self._stop(names, snapshot, incarnations)
+
+    def _stop(self, names: Sequence[str], snapshot: str, incarnations, grace_s: Optional[float] = None) -> None:
         placed = self.cluster.placement.get(self.job_id, {})
         for name in names:
             self.pending.pop(name, None)
             self.launched.discard(name)
             if name in placed:
                 self.ran_on[name] = placed[name]
-        self.stop_on_agents(names, snapshot, incarnations)
+        self.stop_on_agents(names, snapshot, incarnations, grace_s=grace_s)
         # The agents stop what they adopted; a step that outlives that (a task
         # never adopted, an agent gone) is ended through Slurm, once none of
         # its instances is to go on: a lone restart leaves the round's step running.
@@ -201,6 +211,30 @@ class SlurmRuntime(ClusterJob):
         self.excluded.add(node)
         self.say(NodeIsolated(node, reason))
 
+    def preempt(self, notice_s: float) -> None:
+        """The market took a spot job's capacity back: SIGTERM to every task
+        now (through the agents that adopted them, as on the agents runtime,
+        which SIGKILL what is left after the notice), and the release once
+        the pool's notice is over (none: at once): the allocation ended."""
+        self._stop(self.instance_names, "", dict(self.incarnation), grace_s=max(notice_s, 0.0))
+        self.release_at = self.clock() + max(notice_s, 0.0)
+        self._release_when_due()
+
+    def _release_when_due(self) -> None:
+        """The notice is over: the allocation is cancelled (its steps and
+        standby hosts with it), so the queued job holds nothing in Slurm.
+        A cancel Slurm refuses is tried again next turn."""
+        if self.release_at is None or self.clock() < self.release_at:
+            return
+        if self.allocation is not None:
+            try:
+                self.slurm.cancel(self.allocation)
+            except SlurmError as exc:
+                self._failed(exc)
+                return
+        self.release_at = None
+        self._let_go()
+
     def poll(self) -> list[RuntimeEvent]:
         """Each turn of the actuator's loop: watch the nodes, launch what
         waits, end steps that outlived their stop."""
@@ -209,6 +243,7 @@ class SlurmRuntime(ClusterJob):
             self._next_nodes = now + NODES_EVERY_S
             self._watch_nodes()
             self._watch_allocation()
+        self._release_when_due()
         self._try_launch()
         self._end_late_steps()
         return self.drain()
@@ -216,6 +251,13 @@ class SlurmRuntime(ClusterJob):
     def finish(self) -> None:
         self.pending.clear()
         self.launched.clear()
+        self.release_at = None
+        if self.allocation is not None:
+            self._call(self.slurm.cancel, self.allocation)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """The allocation is cancelled (or gone): its srun clients and hosts' step too."""
         for step in self.steps:
             if step.proc.poll() is None:
                 step.proc.kill()
@@ -223,15 +265,15 @@ class SlurmRuntime(ClusterJob):
         if self.host_step is not None and self.host_step.poll() is None:
             self.host_step.kill()  # the allocation's end ends the hosts' step
         self.host_step = None
-        if self.allocation is not None:
-            self._call(self.slurm.cancel, self.allocation)
-            self.allocation = None
+        self.host_run = None
+        self.allocation = None
+        self.run_seen = None  # its end is ours, not a preemption by Slurm
 
     # ------------------------------------------------------------ launching
 
     def _try_launch(self) -> None:
-        if not self.pending:
-            return
+        if not self.pending or self.release_at is not None:
+            return  # a round started within a release's notice waits for a new allocation
         alone = set(self.pending) != set(self.instance_names)
         # One step runs a round's instances: wait until each has been asked
         # for, unless the others still run (a lone restart).
@@ -457,8 +499,11 @@ class SlurmRuntime(ClusterJob):
         try:
             return fn(*args, **kwargs)
         except SlurmError as exc:
-            # Slurm's controller restarting, a command timing out: said, and tried again next turn.
-            self.errors += 1
-            self.last_error = str(exc)
-            self.say(EngineError(str(exc)))
+            self._failed(exc)
             return None
+
+    def _failed(self, exc: SlurmError) -> None:
+        # Slurm's controller restarting, a command timing out: said, and tried again next turn.
+        self.errors += 1
+        self.last_error = str(exc)
+        self.say(EngineError(str(exc)))
