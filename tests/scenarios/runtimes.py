@@ -37,7 +37,8 @@ from trainwarden.services.follow import Follower, submit
 from trainwarden.services.market_service import MarketService
 from trainwarden.spot.market import TraceMarket
 from trainwarden.spot.spec import check_bids
-from trainwarden.store import open_reader, open_writer
+from trainwarden import report
+from trainwarden.store import analytics, open_reader, open_writer
 from tests.e2e.test_c4d import send_c4d
 
 # Every runtime of the registry, and the one these tests define themselves
@@ -70,6 +71,8 @@ class Outcome:
     # incarnations each pod ran, the nodes it isolated, those an operator's uncordon returned).
     engine: dict = dataclasses.field(default_factory=dict)
     spot: list[dict] = dataclasses.field(default_factory=list)  # the spot_transitions rows, in time order
+    spot_costs: list[dict] = dataclasses.field(default_factory=list)  # the spot_costs query's rows for the job
+    reported_spot: list[dict] = dataclasses.field(default_factory=list)  # what `trainwarden report` read of them
 
     @property
     def succeeded(self) -> bool:
@@ -348,4 +351,8 @@ def _history(runtime: str, store: Path, job_id: str, final, lines, files) -> Out
         jobs = reader.jobs(job_id)
         letters = reader.dead_letters(limit=1000)
         spot = sorted(reader.spot_transitions(job_id=job_id), key=lambda r: r["time"])
-    return Outcome(runtime, final, lines, faults, stacks, diagnoses, jobs, letters, files, spot=spot)
+        # The figures `history --costs`, the report and the dashboards show (one query, store/analytics.py).
+        costs = analytics.run(reader, "spot_costs", job=job_id) if spot else []
+        reported = report.collect(reader, job_id).spot if spot else []
+    return Outcome(runtime, final, lines, faults, stacks, diagnoses, jobs, letters, files, spot=spot,
+                   spot_costs=costs, reported_spot=reported)

@@ -86,6 +86,10 @@ def test_a_spot_job_released_on_a_price_crossing_and_a_stock_shortage_resumes_wh
           f"{sim.on_demand:.6f}, queued {final['queued_s']:.2f} s vs {sim.queued_s:.2f} s")
     assert abs(final["paid"] - sim.paid) < 1e-4 and abs(final["on_demand"] - sim.on_demand) < 1e-4, (final, sim)
     assert abs(final["queued_s"] - sim.queued_s) < 1.5, (final, sim)
+    # `history --costs`, the report and the dashboards give the rows' figures (one query, on every runtime).
+    [costs], [reported] = outcome.spot_costs, outcome.reported_spot
+    for figure in ("paid", "on_demand", "queued_s", "held_s", "preemptions", "resumes"):
+        assert costs[figure] == pytest.approx(final[figure]) == pytest.approx(reported[figure]), figure
 
     # The same rows on every runtime.
     for other, other_shape in _ROWS.items():
