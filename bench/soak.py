@@ -253,10 +253,10 @@ class Soak:
                 f"--max-num-of-no-progress-restart=-1 --enable-job-hang-detection=True "
                 f"--job-hang-interval={self.args.hang_interval}")
         command = ["bash", "-c", INSTANCE, "instance", str(work)]
+        submitted = time.monotonic()
         subprocess.run([*TRAINWARDEN, "submit", "--job-id", job_id, "--nproc", str(self.args.instances),
                         "--args", args, "--", *command], env=self.services.env, cwd=ROOT, check=True,
                        capture_output=True, timeout=120)
-        submitted = time.monotonic()
         round_ = self.steady(work, 300)
         self.say(f"job {number} {job_id}: round 0 of {self.args.instances} running in "
                  f"{time.monotonic() - submitted:.1f} s; faults {', '.join(faults)}"
