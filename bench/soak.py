@@ -42,7 +42,6 @@ import json
 import math
 import os
 import random
-import shlex
 import shutil
 import signal
 import statistics
