@@ -213,3 +213,16 @@ def test_unsigned_lines_taken_for_vector_still_count_only_from_the_node_that_run
     _drain(processor)
     assert list(processor.jobs["j1"].instances["worker-0"].tail) == ["from its node"]
     assert processor.counters.lines_from_other_nodes == 1 and bus.counters.unsigned == 0
+
+
+def test_events_read_in_the_same_batch_as_the_end_of_a_replay_are_taken_after_it_not_lost_as_of_an_unknown_job():
+    bus = _bus()
+    producer = _job(bus)
+    processor = Processor(bus, load_rules())
+    processor.run_once(timeout_s=0.01)  # assigned: the partition is to be replayed up to its end now
+    for name in ("worker-0", "worker-1"):  # past that end, read in the batch that ends the replay
+        producer.send(EVENTS, "j1", encode(InstanceExited(job_id="j1", time=T0 + 5, instance=name, round=0,
+                                                          start=0, exit_code=0, tail=("done",))))
+    _drain(processor)
+    assert processor.counters.unknown_job == 0
+    assert [d.kind for d in _decisions(bus)] == [DecisionKind.START_JOB, DecisionKind.COMPLETE_JOB]

@@ -60,6 +60,9 @@ class _Replay:
     end: int  # offset where live processing starts
     records: list = dataclasses.field(default_factory=list)
     logs: list = dataclasses.field(default_factory=list)  # log records of this partition held until the replay ends
+    # Events past ``end`` read in the batch that ends the replay: live, but
+    # taken after it (before it, their job is not known yet and they were lost).
+    live: list = dataclasses.field(default_factory=list)
 
 
 class Processor:
@@ -156,8 +159,8 @@ class Processor:
     def _route(self, record: Message) -> None:
         if record.topic == EVENTS:
             replay = self.replays.get(record.partition)
-            if replay is not None and record.offset < replay.end:
-                replay.records.append(record)
+            if replay is not None:
+                (replay.records if record.offset < replay.end else replay.live).append(record)
                 return
             self._event(record, live=True)
         elif record.partition in self.replays:
@@ -261,6 +264,8 @@ class Processor:
                 self._replay(partition, replay.records)
                 for record in replay.logs:
                     self._logs(record)
+                for record in replay.live:
+                    self._event(record, live=True)
 
     def _replay(self, partition: int, records: list[Message]) -> None:
         records.sort(key=lambda r: r.offset)
