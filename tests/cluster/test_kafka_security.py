@@ -247,7 +247,11 @@ def test_a_processor_refused_read_on_the_market_topic_still_runs_every_other_job
         proc = services.submit("--job-id", job_id, "--nproc", "2", "--args", "--enable-job-restart=True", "--",
                                *behave("--steps", "10", "--step-s", "0.1", "--fail-rank", "1", "--fail-rounds", "0",
                                        "--fail-at-step", "3", "--fail-message", NCCL))
-        out, err = proc.communicate(timeout=240)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError("the job did not end within 120 s\n" + services.logs()) from None
         took = time.monotonic() - began
         assert proc.returncode == 0, services.logs() + "\n--- submit\n" + out[-3000:] + err[-3000:]
         assert took < 30, f"the job took {took:.1f} s: its processor's turns waited for the market topic"
