@@ -60,6 +60,18 @@ def no_orphans_after_test():
         pytest.fail(f"orphan processes survived the test: {left}")
 
 
+@pytest.fixture(autouse=True)
+def no_kafka_flags_after_test():
+    # A parse of `--kafka-sasl-*` flags in this process (tests/deploy parses the
+    # manifests' commands) hands them to every later bus (kafka_security.set_by_flag).
+    from trainwarden.bus import kafka_security
+
+    given = dict(kafka_security._FLAG_VALUES)
+    yield
+    kafka_security._FLAG_VALUES.clear()
+    kafka_security._FLAG_VALUES.update(given)
+
+
 class Completed:
     def __init__(self, proc: subprocess.CompletedProcess, elapsed: float):
         self.code = proc.returncode
