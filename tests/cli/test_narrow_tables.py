@@ -84,12 +84,15 @@ def test_history_of_jobs_with_generated_ids_fits_80_columns_and_keeps_the_action
     monkeypatch.setattr(history_seed, "JOB_B", "retry_once-20261206-091522-0c1f")
     store = tmp_path / "store"
     seed(open_writer(store))
+    # A server of this test's own; the module's server, which later tests use, stays as it was.
+    module_socket = SOCKET[:]
     SOCKET[:] = [str(tmp_path / "tmux.sock")]
     tmux("new-session", "-d", "-s", "keeper", "sleep 3600", check=True, env=_clean_env())
     try:
         screen = on_terminal(store, "history")
     finally:
         tmux("kill-server", capture_output=True)
+        SOCKET[:] = module_socket
     assert all(len(line) <= 80 for line in screen), screen
     assert "action" in screen[1].split() and "retry_once-20261206-091522-0c1f" in "\n".join(screen), screen
 

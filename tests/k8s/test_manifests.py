@@ -141,8 +141,9 @@ def _allowed(k8s, verb: str, resource: str, subresource: str, namespace: str) ->
 
 def test_the_actuators_service_account_may_use_exactly_the_runtimes_verbs(k8s):
     _apply_for_real(k8s, {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"})
-    # The authorizer's cache follows the new bindings within moments.
+    # The authorizer's cache follows new bindings within moments, each binding on its own.
     wait_until(lambda: _allowed(k8s, "create", "pods", "", JOBS_NAMESPACE), 30, "the actuator's RoleBinding in effect")
+    wait_until(lambda: _allowed(k8s, "get", "nodes", "", ""), 30, "the actuator's ClusterRoleBinding in effect")
     wrong = [f"{'refused' if allowed else 'allowed'}: {verb} {resource}{'/' + sub if sub else ''} in {ns or 'the cluster'}"
              for verb, resource, sub, ns, allowed in ACCESS if _allowed(k8s, verb, resource, sub, ns) != allowed]
     assert not wrong, wrong
