@@ -52,6 +52,7 @@ class ClusterJob(Outbox):
         self.specs = {i.name: i for i in job.instances}
         self.settings = job.settings
         self.instance_names = list(self.specs)
+        self.rank0 = min(self.specs.values(), key=lambda s: s.rank).name if self.specs else ""
         self.incarnation: dict[str, tuple[int, int]] = {}
         self.nodes_used: set[str] = set()  # every node an instance of the job ran on: told when it ends
         self.waiting: list[tuple[str, int, int]] = []  # starts waiting for a free slot
@@ -107,8 +108,7 @@ class ClusterJob(Outbox):
         already): rank 0's node is the master."""
         cluster = self.cluster
         self.nodes_used.add(node)
-        rank0 = min(self.specs.values(), key=lambda s: s.rank).name
-        master_node = cluster.placement.get(self.job_id, {}).get(rank0, node)
+        master_node = cluster.placement.get(self.job_id, {}).get(self.rank0, node)
         where = cluster.nodes[master_node] if master_node in cluster.nodes else cluster.nodes[node]
         role = self.spec.role(self.specs[name].role)
         self.send(StartInstance(
@@ -131,9 +131,7 @@ class ClusterJob(Outbox):
 
     def running_at(self, instance: str, round_: int, start: int) -> list[str]:
         """The nodes whose last heartbeat reports this incarnation (running, or held to start there)."""
-        return sorted(node.name for node in self.cluster.nodes.values()
-                      if any((r.job_id, r.instance, r.round, r.start) == (self.job_id, instance, round_, start)
-                             for r in node.running))
+        return self.cluster.running_at(self.job_id, instance, round_, start)
 
     def heard(self, instance: str, round_: int, start: int, node: str) -> bool:
         """A node's heartbeat says this incarnation runs there: True when that

@@ -17,8 +17,12 @@ DEFAULT_MAX_LINES = 20_000
 
 
 class Inbox:
-    def __init__(self, max_lines: int = DEFAULT_MAX_LINES):
+    def __init__(self, max_lines: int = DEFAULT_MAX_LINES, wake_on_lines: bool = True):
+        """``wake_on_lines=False``: a line does not wake a ``get`` waiting
+        (its caller's own timeout picks it up), so that a loop which ships
+        lines in batches anyway turns once per batch, not once per line."""
         self.max_lines = max_lines
+        self.wake_on_lines = wake_on_lines
         self._items: collections.deque = collections.deque()
         self._lines = 0
         self._cond = threading.Condition()
@@ -40,7 +44,8 @@ class Inbox:
                 self._cond.wait(remaining)
             self._items.append((True, item))
             self._lines += 1
-            self._cond.notify_all()
+            if self.wake_on_lines:
+                self._cond.notify_all()
             return True
 
     def get(self, timeout_s: float) -> Optional[Any]:

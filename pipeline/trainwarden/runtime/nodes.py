@@ -48,6 +48,9 @@ class Cluster:
         self.nodes: dict[str, Node] = {}
         # job -> instance -> node
         self.placement: dict[str, dict[str, str]] = {}
+        # (job, instance, round, start) -> the nodes whose last heartbeat
+        # reports it: built once per heartbeat heard, not scanned per instance.
+        self._runs: Optional[dict[tuple[str, str, int, int], list[str]]] = None
 
     def heartbeat(self, beat: Heartbeat, arrived_at: Optional[float] = None) -> Optional[NodeStatus]:
         """Record a heartbeat that arrived at ``arrived_at`` (the actuator's
@@ -55,6 +58,7 @@ class Cluster:
         new status if it changed."""
         node = self.nodes.setdefault(beat.node, Node(beat.node))
         node.slots, node.address, node.running = beat.slots, beat.address, beat.running
+        self._runs = None
         if arrived_at is None:
             node.unstamped = True
         else:
@@ -93,6 +97,16 @@ class Cluster:
             return None
         node.status, node.reason = status, reason
         return status
+
+    def running_at(self, job_id: str, instance: str, round_: int, start: int) -> list[str]:
+        """The nodes whose last heartbeat reports this incarnation (running, or held to start there)."""
+        if self._runs is None:
+            runs: dict[tuple[str, str, int, int], list[str]] = {}
+            for node in sorted(self.nodes.values(), key=lambda n: n.name):
+                for r in node.running:
+                    runs.setdefault((r.job_id, r.instance, r.round, r.start), []).append(node.name)
+            self._runs = runs
+        return list(self._runs.get((job_id, instance, round_, start), ()))
 
     # ----------------------------------------------------------- placement
 
