@@ -44,3 +44,28 @@ def test_a_malformed_c4d_line_is_dead_lettered_with_the_same_bounds_as_in_run(tm
         agent.close(grace_s=0.5)
     [letter] = _letters(bus)
     assert letter.topic == "c4d" and len(letter.value) == MAX_PAYLOAD and len(letter.error) <= MAX_ERROR
+
+
+def test_a_malformed_command_keyed_to_another_node_is_left_to_that_nodes_agent(tmp_path):
+    from trainwarden.bus import COMMANDS
+
+    bus = MemoryBus()
+    bus.create_topics(topic_specs(1))
+    agent = Agent(bus, "n1", 1, tmp_path / "logs", address="127.0.0.1", clock=lambda: 5.0)
+    producer = bus.producer()
+    try:
+        for _ in range(100):
+            agent.run_once(0.02)
+            if agent.ready():
+                break
+        producer.send(COMMANDS, "n2", b"{not json")
+        producer.send(COMMANDS, "n1", b"{not json either")
+        producer.flush()
+        for _ in range(100):
+            agent.run_once(0.02)
+            if agent.counters.dead_letters:
+                break
+    finally:
+        agent.close(grace_s=0.5)
+    [letter] = _letters(bus)
+    assert letter.key == "n1" and agent.counters.dead_letters == 1

@@ -69,3 +69,16 @@ def test_a_leaving_agent_makes_its_node_lost_at_once():
     cluster = Cluster(node_timeout_s=30)
     cluster.heartbeat(_beat("a", 100.0))
     assert cluster.heartbeat(_beat("a", 101.0, leaving=True)) is NodeStatus.LOST
+
+
+def test_where_an_incarnation_runs_follows_each_new_heartbeat():
+    from trainwarden.bus.messages import RunningInstance
+
+    cluster = Cluster(node_timeout_s=3)
+    cluster.heartbeat(Heartbeat(node="b", time=1.0, slots=2, running=(RunningInstance("j", "worker-0", 0, 0, 10),)))
+    cluster.heartbeat(Heartbeat(node="a", time=1.0, slots=2, running=(RunningInstance("j", "worker-0", 0, 0, 11),)))
+    assert cluster.running_at("j", "worker-0", 0, 0) == ["a", "b"]
+    assert cluster.running_at("j", "worker-0", 1, 0) == []
+    cluster.heartbeat(Heartbeat(node="b", time=2.0, slots=2, running=(RunningInstance("j", "worker-0", 1, 0, 12),)))
+    assert cluster.running_at("j", "worker-0", 0, 0) == ["a"]
+    assert cluster.running_at("j", "worker-0", 1, 0) == ["b"]

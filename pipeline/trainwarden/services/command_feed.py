@@ -63,7 +63,6 @@ class CommandFeed:
         while not self._closing.is_set():
             try:
                 self._once()
-                self.error = None
             except BusError as exc:
                 self.error = exc
                 self._closing.wait(RETRY_S)
@@ -75,6 +74,7 @@ class CommandFeed:
         # Short polls until ready: joining the group takes a few, and
         # readiness is looked at between them.
         records = self.consumer.poll(POLL_S if self.is_ready else 0.05, max_records=100)
+        self.error = None  # the bus answered
         if records:
             batch = CommandBatch(records)
             self._deliver(batch)
