@@ -66,6 +66,7 @@ class ServiceProcesses:
         self.slots = slots
         self.node_timeout_s = node_timeout_s
         self.procs: dict[str, subprocess.Popen] = {}
+        self.followers: list[subprocess.Popen] = []  # submit --follow processes
         # Topics of its own: no job, node or committed offset of another test can reach it.
         self.topic_prefix = f"twt{uuid.uuid4().hex[:8]}"
         self.env = dict(os.environ, TRAINWARDEN_KAFKA=bootstrap, PYTHONPATH=str(ROOT / "pipeline"),
@@ -170,8 +171,12 @@ class ServiceProcesses:
         return {name: proc.poll() is None for name, proc in self.procs.items()}
 
     def submit(self, *args: str, timeout: float = 180, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
-        return subprocess.Popen([*TRAINWARDEN, "submit", "--follow", *args], env=dict(self.env, **(extra_env or {})),
+        proc = subprocess.Popen([*TRAINWARDEN, "submit", "--follow", *args], env=dict(self.env, **(extra_env or {})),
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Ended with the services: a test that fails before it reads the
+        # follower's end would leave it following for ever.
+        self.followers.append(proc)
+        return proc
 
     def history(self, job_id: str) -> list[dict]:
         out = subprocess.run([*TRAINWARDEN, "history", "--job", job_id, "--json", "--wide", "--store",
@@ -183,6 +188,10 @@ class ServiceProcesses:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.tmp.glob("*.log"))
 
     def stop(self) -> None:
+        for proc in self.followers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
