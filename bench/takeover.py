@@ -13,9 +13,10 @@ assert). Times are this process's monotonic clock. Printed, the median of
   actuator SIGKILL -> new round   the actuator killed, a rank crashing, a new
                                   actuator started at once -> every instance of
                                   round 1 started
-  agent SIGKILL+restart -> round  the agent of rank 0's node killed and started
-                                  again at once -> every instance of round 1
-                                  started (the grace: --node-timeout 10 s)
+  agent SIGKILL+restart, crash     the agent of rank 1's node killed and started
+    -> new round                  again at once; 12 s later (past --node-timeout
+                                  10 s: its instances were taken back) rank 1
+                                  crashes -> every instance of round 1 started
   broker outage -> ready / acted  with --outage S (once; needs KAFKA_DATA_DIR of
                                   the local-kafka broker: it is stopped): the broker
                                   back -> every service's /readyz 200, and -> the
@@ -72,7 +73,7 @@ SCENARIOS = {
     "processor SIGKILL -> decision": processor_takeover,
     "hang due in a takeover (interval 5 s)": lambda s, j, w: hang_during_takeover(s, j, w, HANG_INTERVAL_S),
     "actuator SIGKILL -> new round": actuator_restart,
-    "agent SIGKILL+restart -> new round": lambda s, j, w: agent_restart(s, j, w)[0],
+    "agent SIGKILL+restart, crash -> new round": lambda s, j, w: agent_restart(s, j, w, 10.0)[0],
 }
 
 

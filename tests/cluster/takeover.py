@@ -199,25 +199,43 @@ def actuator_restart(services: ServiceProcesses, job_id: str, work: Path) -> flo
         _end(proc)
 
 
-def agent_restart(services: ServiceProcesses, job_id: str, work: Path) -> tuple[float, list[dict]]:
-    """Kill the agent of the node running rank 0 and start it again at once,
-    as a service manager does: the seconds from the kill to every instance
-    of round 1 started, and the job's decisions until then."""
+def agent_restart(services: ServiceProcesses, job_id: str, work: Path, node_timeout_s: float) -> tuple[float, list[dict]]:
+    """Kill the agent of the node running rank 1 and start it again at once,
+    as a service manager does; once the node timeout has passed, rank 1
+    crashes (a retryable error): the seconds from the crash to every
+    instance of round 1 started, and the job's decisions until then. Rank 1
+    is still round 0's own process when it crashes (``AssertionError`` if
+    not): its new agent took it back, output and exit included."""
     proc = submit_controlled(services, job_id, work, "--enable-job-restart=True")
     decisions = Decisions(services, job_id)
     try:
         wait_for(lambda: _round_started(work, 0), 60, "round 0 of both ranks")
-        wait_for(lambda: _node_of(services, job_id, "worker-0"), 30, "worker-0's output file")
-        node = _node_of(services, job_id, "worker-0")
+        wait_for(lambda: _node_of(services, job_id, "worker-1"), 30, "worker-1's output file")
+        node = _node_of(services, job_id, "worker-1")
+        pid = int((work / "pid-1-0").read_text())
         services.kill(f"agent-{node}")
         killed = time.monotonic()
         services.start_agent(node)
-        took = wait_until(lambda: _round_started(work, 1), 60, "round 1 of both ranks") - killed
+        # Past the node timeout: a node the actuator took for lost would have had its job restarted by then.
+        time.sleep(max(0.0, killed + node_timeout_s + 2.0 - time.monotonic()))
+        assert _alive(pid), f"rank 1 of round 0 (pid {pid}) did not outlive its agent\n{services.logs()}"
+        assert not _round_started(work, 1), f"the job restarted without a crash\n{services.logs()}"
+        (work / "crash-0").touch()
+        crashed = time.monotonic()
+        took = wait_until(lambda: _round_started(work, 1), 60, "round 1 of both ranks") - crashed
         decisions.poll()
         return took, [d for _, d in decisions.seen]
     finally:
         decisions.close()
         _end(proc)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def restartable_broker(bootstrap: str) -> None:

@@ -62,12 +62,13 @@ def test_a_restarted_actuator_carries_out_a_restart_decided_while_it_was_dead_wi
     assert took <= TAKEOVER_S, (f"the new round started {took:.1f} s after the actuator was killed", services.logs())
 
 
-def test_an_agent_restarted_within_the_node_timeout_has_what_died_with_it_restarted_at_once_and_once(
+def test_an_agent_restarted_within_the_node_timeout_takes_its_instances_back_and_nothing_restarts(
         services, job_id, tmp_path):
-    took, decisions = agent_restart(services, job_id, tmp_path / "work")
-    assert took <= TAKEOVER_S, (f"round 1 started {took:.1f} s after the agent was killed", services.logs())
+    took, decisions = agent_restart(services, job_id, tmp_path / "work", node_timeout_s=10.0)
     restarts = [(d["kind"], d["error_source"]) for d in decisions if d["kind"] != "start_job"]
-    assert restarts == [("restart_job", "node_lost")], restarts
+    # One restart, for the crash (its output and exit code came through the new agent), none for the node.
+    assert len(restarts) == 1 and restarts[0][0] == "restart_job" and restarts[0][1] != "node_lost", restarts
+    assert took <= TAKEOVER_S, (f"round 1 started {took:.1f} s after the crash", services.logs())
 
 
 def test_after_a_broker_outage_every_service_is_ready_and_a_crash_it_held_back_is_acted_on_within_seconds(

@@ -12,6 +12,7 @@ import time
 from trainwarden.events import InstanceExited
 from trainwarden.runtime.local import LocalRuntime
 from trainwarden.runtime.stopping import alive
+from tests.waiting import wait_for_value
 
 # Starts a child that leaves the session and sleeps, writes the child's pid, then lives LIFE seconds.
 PROGRAM = r'''
@@ -27,16 +28,6 @@ time.sleep(life)
 '''
 
 
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"{what}: not within {timeout_s} s")
-
-
 def _start(tmp_path, life_s: float):
     events: list = []
     runtime = LocalRuntime("job", events.append, "n1")
@@ -44,15 +35,15 @@ def _start(tmp_path, life_s: float):
     program.write_text(PROGRAM)
     pidfile = tmp_path / "escaped.pid"
     runtime.start("worker-0", [sys.executable, str(program), str(pidfile), str(life_s)], dict(os.environ), None, 0, 0)
-    escaped = int(_wait(lambda: pidfile.exists() and pidfile.read_text(), 20, "the escaped child"))
+    escaped = int(wait_for_value(lambda: pidfile.exists() and pidfile.read_text(), 20, "the escaped child"))
     return runtime, events, escaped
 
 
 def test_a_child_that_left_the_group_of_an_instance_that_exited_by_itself_is_killed(tmp_path):
     runtime, events, escaped = _start(tmp_path, life_s=0.5)
     try:
-        _wait(lambda: any(isinstance(e, InstanceExited) for e in events), 20, "the instance's exit")
-        _wait(lambda: not alive(escaped), 5, "the escaped child's end")
+        wait_for_value(lambda: any(isinstance(e, InstanceExited) for e in events), 20, "the instance's exit")
+        wait_for_value(lambda: not alive(escaped), 5, "the escaped child's end")
         assert runtime.counters.escaped_processes_killed == 1
     finally:
         runtime.close(0.5)
@@ -65,6 +56,6 @@ def test_a_child_that_left_the_group_of_a_stopped_instance_is_gone_when_the_stop
         # Its SIGKILL is sent by then (the kernel ends it a moment later).
         assert runtime.counters.escaped_processes_killed == 1
         assert any(isinstance(e, InstanceExited) for e in events)
-        _wait(lambda: not alive(escaped), 2, "the escaped child's end")
+        wait_for_value(lambda: not alive(escaped), 2, "the escaped child's end")
     finally:
         runtime.close(0.5)

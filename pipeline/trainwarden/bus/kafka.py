@@ -232,7 +232,7 @@ class KafkaBus:
                 max_poll_interval_ms=300000, request_timeout_ms=30500,
                 # A fetch waits at most this long for data: the bound on how
                 # late a decision can be picked up at each hop (default 500 ms).
-                fetch_max_wait_ms=500,
+                fetch_max_wait_ms=100,
             )
         except kafka.errors.KafkaError as exc:
             raise BusError(f"Kafka at {self.bootstrap} cannot be reached: {exc}.", hint=UNREACHABLE_HINT) from None

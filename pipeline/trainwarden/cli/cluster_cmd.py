@@ -69,6 +69,10 @@ def add_commands(sub) -> None:
                                         "diagnostic channel; a connection from an instance's process is refused)")
     _option(agent, "--c4d-log", help="C4D's log file on this node, if the instances' user cannot write it "
                                      "(else refused: use --c4d-socket)")
+    _option(agent, "--readopt-grace", type=float, default=8.0, metavar="SECONDS",
+            help="how long the instances outlive a killed or crashed agent, for its next run to take them back "
+                 "(default 8: ended before the actuator's --node-timeout, 10, counted from the last heartbeat, "
+                 "restarts their job elsewhere; 0: they end with it)")
     _runtime_options(agent, registry.AGENT)
     _switch(agent, "--no-ship-logs", help="write output files only, for Vector to ship (lines would otherwise "
                                           "arrive twice)")
@@ -376,6 +380,9 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
 
         if not 1 <= args.slots <= 4096:
             return fail("--slots must be from 1 to 4096")
+        if not 0 <= args.readopt_grace <= 3600:
+            return fail(f"--readopt-grace must be from 0 to 3600 seconds, not {args.readopt_grace:g}",
+                        hint="keep it under the actuator's --node-timeout (default 10) less a heartbeat")
         run_as = _run_as(args.run_as)
         if isinstance(run_as, int):
             return run_as
@@ -389,7 +396,8 @@ def _start(args: argparse.Namespace, run: ServiceRun) -> int:
         service = Agent(bus, args.node, args.slots, log_dir, address=args.address, ship_logs=not args.no_ship_logs,
                         c4d_log=Path(args.c4d_log) if args.c4d_log else None,
                         c4d_socket=Path(args.c4d_socket) if args.c4d_socket else None,
-                        run_as=run_as, log_limits=log_limits, **registry.agent_setup(vars(args)))
+                        run_as=run_as, log_limits=log_limits, readopt_grace_s=args.readopt_grace,
+                        **registry.agent_setup(vars(args)))
         observer.watch(lambda: service.counters, [
             ("agent_instances_running", "Instances this agent runs now.", lambda: len(service.running)),
             ("agent_slots", "Instances this node can run at once.", lambda: service.slots),

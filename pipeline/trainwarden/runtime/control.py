@@ -190,7 +190,9 @@ class PendingReply:
 class ControlServer:
     def __init__(self, deliver: Callable[[PendingReply], None],
                  on_refused: Callable[[str, bytes], None] = lambda reason, raw: None,
-                 path: Optional[Path] = None, adopts: bool = False):
+                 path: Optional[Path] = None, adopts: bool = False, owns_directory: Optional[bool] = None):
+        """``owns_directory``: remove ``path``'s directory at the close (by
+        default only a private one made here)."""
         self._deliver = deliver
         # Incarnations another engine started (adopted) are made known only
         # once their process runs (accept_token): until then a call from an
@@ -229,7 +231,7 @@ class ControlServer:
                     pass
 
         self.path = Path(path) if path is not None else private_socket_path()
-        self._own_directory = path is None
+        self._own_directory = path is None if owns_directory is None else owns_directory
         self.path.unlink(missing_ok=True)  # a socket left by a killed predecessor
         self._server = BoundedUnixServer(
             str(self.path), Handler, total=MAX_CONNECTIONS, origin_of=self._origin,

@@ -1,28 +1,44 @@
-"""The keeper: whatever a runtime started dies with the runtime, however it dies.
+"""The keeper: whatever a runtime started dies with the runtime, however it
+dies, unless a new run of the agent takes it back in time.
 
 A SIGKILLed ``trainwarden run`` or agent runs no code, and the parent-death
 signal of its instances reaches only their first process: a shell's children,
 a launcher's workers and daemons that called setsid would live on with parent
 1. So the process that runs local runtimes starts one keeper process (shared
-by all of them, started with the first and ended with the last) that holds
-the read end of a pipe from it and learns each instance's process group as it
-starts. The kernel closes the pipe when that process ends, in any way; at that
-end of file the keeper kills every process of the groups and sessions it was
-told of and every process whose environment carries a runtime's mark (which
-finds descendants that left both), then exits.
+by all of them, started with the first and ended with the last; its side is
+``runtime/keeper_lease.py``) that holds one end of a Unix socket pair from
+it and learns each instance's process group as it starts. The kernel closes
+the pair when that process ends, in any way; at that end of file the keeper
+kills every process of the groups and sessions it was told of and every
+process whose environment carries a runtime's mark (which finds descendants
+that left both), then exits.
+
+An agent may have the keeper start its instances (``spawn``): the keeper is
+then their parent (it reaps them and tells their exit status) and holds a
+copy of each output pipe's read end. Such an agent also hands it a listening
+socket and a grace period (``listen``): at the agent's end of file the
+keeper kills nothing yet; it keeps reaping, and the first new run of the
+agent (same user) that connects within the grace period gets every kept
+instance, its status and its pipes, and becomes the keeper's runtime. Only
+when none comes is everything killed.
 
 An orderly runtime stops its instances itself (with their grace period) and
 releases its lease: then nothing is killed. The keeper is standard library
 only and runs as a script (``python -I -S keeper.py``), so that it starts in
 milliseconds and never imports the job's or our packages.
 
-Lines on the pipe (MARK is a runtime's mark, PGID an instance's pid, which is
+Messages (one each; MARK is a runtime's mark, PGID an instance's pid, which is
 its process group and session): ``mark MARK``, ``group MARK PGID``,
 ``ended MARK PGID`` (reaped, its orphans killed), ``epitaph MARK PATH`` (a
 held history segment to publish if the process dies: the run's job record
 saying so), ``spare MARK`` (the run ends itself: no epitaph), ``release MARK``
 (the runtime closed: what it still watches is killed), ``close`` (the last
-lease ended).
+lease ended), ``spawn ID MARK JSON`` with four descriptors (stdout's and
+stderr's write ends, then their read ends; answered ``spawned ID PID`` or
+``failed ID ERRNO TEXT``, and later ``exited PID STATUS``), ``listen GRACE``
+with a listening socket. To a new run: ``kept JSON`` with two descriptors
+per instance, then ``kept-end PID`` (the keeper's own: the listening socket's
+credentials are its creator's, the previous run).
 """
 
 from __future__ import annotations
@@ -39,8 +55,9 @@ import json
 import os
 import select
 import signal
+import socket
+import struct
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -49,6 +66,8 @@ MARK_VARIABLE = "TRAINWARDEN_PROCESS_MARK"
 _PR_SET_PDEATHSIG = 1
 SWEEP_LIMIT_S = 4.0  # processes forking while they are killed: keep sweeping, but not forever
 _PARENT_CHECK_S = 1.0
+MAX_MESSAGE_BYTES = 1 << 20  # a spawn: the instance's argv and environment
+MAX_FDS = 4
 
 
 def environment_mark(mark: str) -> bytes:
@@ -108,152 +127,6 @@ def sweep(prefixes: Sequence[bytes], groups: Iterable[int], limit_s: float = SWE
             except OSError:
                 pass
         time.sleep(0.01)
-
-
-# ---------------------------------------------------------------- the runtime's side
-
-
-class _Keeper:
-    """The process's keeper: the write end of its pipe. Never raises: without
-    a keeper the runtimes still run (their instances keep their parent-death
-    signal), and say so once."""
-
-    def __init__(self):
-        self._write: Optional[int] = None
-        self._process: Optional[subprocess.Popen] = None
-        self.leases = 0
-        # A write racing the close could hit another file that got the descriptor's number.
-        self._pipe_lock = threading.Lock()
-        try:
-            read, self._write = os.pipe()  # both ends close-on-exec: no instance inherits them
-            try:
-                self._process = subprocess.Popen(
-                    [sys.executable, "-I", "-S", str(Path(__file__).resolve())],
-                    stdin=read, stdout=subprocess.DEVNULL, env=_keeper_env(), start_new_session=True)
-            finally:
-                os.close(read)
-        except OSError as exc:
-            self._broken(exc)
-
-    @property
-    def working(self) -> bool:
-        return self._write is not None
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self._process.pid if self._process is not None else None
-
-    def send(self, line: str) -> None:
-        with self._pipe_lock:
-            if self._write is None:
-                return
-            try:
-                # Paths may hold any bytes.
-                os.write(self._write, line.encode("utf-8", "surrogateescape"))
-                return
-            except OSError as exc:
-                failure = exc
-        self.close_pipe()
-        self._broken(failure)
-
-    def end(self, timeout_s: float = 5.0) -> None:
-        self.send("close\n")
-        self.close_pipe()
-        if self._process is not None:
-            try:
-                self._process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-
-    def close_pipe(self) -> None:
-        with self._pipe_lock:
-            fd, self._write = self._write, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    def _broken(self, exc: BaseException) -> None:
-        global _warned
-        self._write = None
-        if not _warned:
-            _warned = True
-            print(f"trainwarden: no keeper for the instances' descendants ({exc}); if this process is "
-                  f"killed, processes the instances started may outlive it", file=sys.stderr)
-
-
-_shared: Optional[_Keeper] = None
-_shared_lock = threading.Lock()
-_warned = False
-
-
-def _forget_in_child() -> None:
-    """A forked child must not hold the pipe open: the keeper would miss its parent's death."""
-    global _shared, _shared_lock
-    # Locks held by threads of the parent stay held here, by nobody.
-    _shared_lock = threading.Lock()
-    if _shared is not None:
-        _shared._pipe_lock = threading.Lock()
-        _shared.close_pipe()
-    _shared = None
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
-
-
-class KeeperLease:
-    """A runtime's use of the process's keeper, from creation to ``close``."""
-
-    def __init__(self, mark: str):
-        global _shared
-        self.mark = mark
-        with _shared_lock:
-            if _shared is None or not _shared.working:
-                _shared = _Keeper()
-            self._keeper = _shared
-            self._keeper.leases += 1
-            self._keeper.send(f"mark {mark}\n")
-        self._closed = False
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self._keeper.pid
-
-    def watch(self, pgid: int) -> None:
-        self._keeper.send(f"group {self.mark} {pgid}\n")
-
-    def forget(self, pgid: int) -> None:
-        self._keeper.send(f"ended {self.mark} {pgid}\n")
-
-    def epitaph(self, held: Path) -> None:
-        if "\n" not in str(held):
-            self._keeper.send(f"epitaph {self.mark} {held}\n")
-
-    def spare(self) -> None:
-        self._keeper.send(f"spare {self.mark}\n")
-
-    def close(self) -> None:
-        """The runtime's orderly end; the last lease ends the keeper."""
-        global _shared
-        with _shared_lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._keeper.send(f"release {self.mark}\n")
-            self._keeper.leases -= 1
-            if self._keeper.leases > 0:
-                return
-            if _shared is self._keeper:
-                _shared = None
-        self._keeper.end()
-
-
-def _keeper_env() -> dict:
-    """Nothing of a job: the keeper must never look like one of its processes."""
-    return {key: value for key, value in os.environ.items()
-            if not key.startswith("TRAINWARDEN_") and not key.startswith("PYTHON")}
 
 
 # ---------------------------------------------------------------- the keeper process
@@ -346,39 +219,192 @@ def publish(held: Path) -> Path:
     return segment
 
 
+class _Kept:
+    """An instance the keeper started for an agent (``spawn``): its process,
+    and the read ends of its output pipes, held so that they outlive the agent."""
+
+    def __init__(self, popen: subprocess.Popen, mark: str, fds: list, descriptor: str):
+        self.popen = popen
+        self.mark = mark
+        self.fds = fds
+        self.descriptor = descriptor
+        self.status: Optional[int] = None  # Popen's returncode once it ended
+        self.told = False  # its status was sent to the agent connected now
+
+    def close(self) -> None:
+        _close_all(self.fds)
+        self.fds = []
+
+
+class _Host:
+    """The keeper's state: what it watches, what it started, where a new run
+    of the agent may reach it."""
+
+    def __init__(self):
+        self.watched = _Watched()
+        self.kept: dict[int, _Kept] = {}
+        self.listener: Optional[socket.socket] = None
+        self.grace_s = 0.0
+
+    def take(self, channel: socket.socket, data: bytes, fds: list) -> bool:
+        """One message of the agent; False once it says the last runtime closed."""
+        data = data.rstrip(b"\n")
+        words = data.split(b" ", 3)
+        if words[0] == b"spawn" and len(words) == 4 and len(fds) == 4:
+            self._spawn(channel, words[1].decode(), words[2].decode("utf-8", "surrogateescape"), words[3], fds)
+            return True
+        if words[0] == b"listen" and len(fds) == 1:
+            if self.listener is not None:
+                self.listener.close()
+            self.listener = socket.socket(fileno=fds[0])
+            self.grace_s = float(words[1]) if len(words) > 1 else 0.0
+            return True
+        _close_all(fds)  # a message that carries none: never kept open by mistake
+        if words[0] == b"ended" and len(words) == 3 and words[2].isdigit():
+            kept = self.kept.pop(int(words[2]), None)
+            if kept is not None:
+                kept.close()
+        elif words[0] == b"release" and len(words) == 2:
+            mark = words[1].decode("utf-8", "surrogateescape")
+            for pid in [pid for pid, kept in self.kept.items() if kept.mark == mark]:
+                self.kept.pop(pid).close()
+        return self.watched.told(data)
+
+    def _spawn(self, channel: socket.socket, request: str, mark: str, body: bytes, fds: list) -> None:
+        out_w, err_w, out_r, err_r = fds
+        try:
+            spec = json.loads(body)
+            user = spec.get("user")
+            popen = subprocess.Popen(
+                spec["argv"], env=spec["env"], cwd=spec.get("cwd"), stdin=subprocess.DEVNULL, stdout=out_w,
+                stderr=err_w, start_new_session=True,
+                **({"user": user, "group": spec.get("group"), "extra_groups": []} if user is not None else {}))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            _close_all([out_r, err_r])
+            number = getattr(exc, "errno", None) or 0
+            _send(channel, f"failed {request} {number} {exc}".encode("utf-8", "surrogateescape"))
+            return
+        finally:
+            _close_all([out_w, err_w])
+        self.kept[popen.pid] = _Kept(popen, mark, [out_r, err_r], spec.get("keep", ""))
+        self.watched.groups.setdefault(mark, set()).add(popen.pid)
+        _send(channel, f"spawned {request} {popen.pid}".encode())
+
+    def reap(self, channel: Optional[socket.socket]) -> None:
+        for pid, kept in self.kept.items():
+            if kept.status is None:
+                kept.status = kept.popen.poll()
+            if kept.status is not None and channel is not None and not kept.told:
+                kept.told = True
+                _send(channel, f"exited {pid} {kept.status}".encode())
+
+    def waits_for_agent(self) -> bool:
+        """After the agent's end: may a new run of it take what runs here?"""
+        return self.listener is not None and self.grace_s > 0 and bool(self.kept)
+
+    def hand_over(self, conn: socket.socket) -> bool:
+        """Everything kept, to a new run of the agent; False if it is not ours."""
+        try:
+            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+        except OSError:
+            return False
+        if uid != os.getuid():
+            return False
+        conn.settimeout(10.0)
+        try:
+            for pid, kept in self.kept.items():
+                entry = {"pid": pid, "mark": kept.mark, "status": kept.status, "keep": kept.descriptor}
+                socket.send_fds(conn, [b"kept " + json.dumps(entry).encode()], kept.fds)
+                kept.told = kept.status is not None
+            _send(conn, f"kept-end {os.getpid()}".encode())
+        except OSError:
+            return False
+        conn.settimeout(None)
+        return True
+
+
+def _send(channel: socket.socket, data: bytes) -> None:
+    try:
+        channel.sendall(data)
+    except OSError:
+        pass  # the agent is gone: what it missed is handed to its next run
+
+
+def _close_all(fds: Iterable[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _receive(channel: socket.socket) -> tuple[bytes, list]:
+    """One message and the descriptors it carries; b"" at the agent's end."""
+    try:
+        data, fds, _flags, _ = socket.recv_fds(channel, MAX_MESSAGE_BYTES, MAX_FDS)
+    except OSError:
+        return b"", []
+    return data, fds
+
+
 def keep(source: int = 0) -> int:
-    parent = os.getppid()
+    channel: Optional[socket.socket] = socket.socket(fileno=source)
+    parent: Optional[int] = os.getppid()
     # A terminal's signals, or a service manager's SIGTERM to every process
     # of the unit, are for the run or agent, which tells us; we end with it.
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    # Caught, not ignored: an instance started here gets their default back.
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
+        signal.signal(sig, lambda signum, frame: None)
     _die_with_parent(signal.SIGUSR1)
-    watched = _Watched()
-    pending = b""
+    host = _Host()
+    deadline = 0.0  # waiting for a new run of the agent until then
     poller = select.poll()  # not select: no limit on the descriptors' numbers
-    poller.register(source, select.POLLIN)
+    poller.register(channel.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     while True:
         ready = {fd for fd, _ in poller.poll(_PARENT_CHECK_S * 1000)}
         if wake_r in ready:
             os.read(wake_r, 256)
-        if os.getppid() != parent:
-            break
-        if source not in ready:
+        host.reap(channel)
+        if channel is None:
+            listener = host.listener
+            if listener is not None and listener.fileno() in ready:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    continue
+                if host.hand_over(conn):
+                    poller.unregister(listener.fileno())
+                    channel = conn
+                    poller.register(channel.fileno(), select.POLLIN)
+                else:
+                    conn.close()
+            elif time.monotonic() > deadline:
+                break
             continue
-        data = os.read(source, 65536)
-        if not data:
-            break
-        *lines, pending = (pending + data).split(b"\n")
-        for line in lines:
-            if not watched.told(line):
+        gone = parent is not None and os.getppid() != parent
+        data, fds = _receive(channel) if channel.fileno() in ready else (None, [])
+        if data is not None and data:
+            if not host.take(channel, data, fds):
                 return 0
-    killed = watched.sweep()
-    problems = watched.publish_epitaphs()
+            continue
+        if data is None and not gone:
+            continue
+        # The agent (or run) ended without closing: its next run may take what runs here.
+        poller.unregister(channel.fileno())
+        channel.close()
+        channel, parent = None, None
+        if not host.waits_for_agent():
+            break
+        for kept in host.kept.values():
+            kept.told = False
+        poller.register(host.listener.fileno(), select.POLLIN)
+        deadline = time.monotonic() + host.grace_s
+    killed = host.watched.sweep()
+    problems = host.watched.publish_epitaphs()
     try:
         if killed:
             print(f"trainwarden keeper: the runtimes ended without stopping their instances; "

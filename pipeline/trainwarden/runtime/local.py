@@ -26,7 +26,8 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from trainwarden.clock import now
 from trainwarden.events import Event, InstanceExited, InstanceStarted, LogLine, Stream
-from trainwarden.runtime.keeper import MARK_VARIABLE, KeeperLease, environment_mark
+from trainwarden.runtime.keeper import MARK_VARIABLE, environment_mark
+from trainwarden.runtime.keeper_lease import KeeperLease, KeeperUnavailable, KeptInstance, KeptProcess
 from trainwarden.runtime.run_as import RunAs
 from trainwarden.runtime.standby import python_invocation
 from trainwarden.runtime.standby_pool import StandbyPool
@@ -54,7 +55,7 @@ class _Pipe:
 @dataclasses.dataclass
 class _Proc:
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen  # or KeptProcess: the keeper started it
     round: int
     start: int
     pipes: list
@@ -72,6 +73,7 @@ class RuntimeCounters:
     stale_lines_dropped: int = 0  # lines of an instance being stopped, while the inbox was full
     io_errors: int = 0
     escaped_processes_killed: int = 0
+    unkept_starts: int = 0  # started here, not by the keeper (it was gone or the start too large): end with the agent
 
 
 class LocalRuntime:
@@ -79,11 +81,13 @@ class LocalRuntime:
                  max_line_bytes: int = MAX_LINE_BYTES,
                  line_sink: Optional[Callable[[Event, float], bool]] = None,
                  preload: Sequence[str] = (), say: Optional[Callable[[str], None]] = None,
-                 run_as: Optional[RunAs] = None):
+                 run_as: Optional[RunAs] = None, mark: Optional[str] = None):
         """``preload``: modules a standby interpreter imports for each Python
         instance before it starts (runtime/standby.py); ``say`` tells the
         operator once why an instance started fresh instead; ``run_as``: the
-        user the instances (and their standbys) run as (runtime/run_as.py)."""
+        user the instances (and their standbys) run as (runtime/run_as.py);
+        ``mark``: the mark of the runtime of a previous run of the agent whose
+        instances this one takes back (``readopt``)."""
         self.job_id = job_id
         self.run_as = run_as
         self._credentials = run_as.popen_options() if run_as is not None else {}
@@ -104,7 +108,7 @@ class LocalRuntime:
         # Each incarnation's environment carries MARK_VARIABLE=<runtime>-<n>:
         # the keeper finds everything this runtime started by the prefix,
         # stops and reaps find one incarnation's descendants by the value.
-        self._mark = secrets.token_hex(8)
+        self._mark = mark or secrets.token_hex(8)
         self._starts = itertools.count(1)  # next() is atomic: starts come from several threads
         self._keeper = KeeperLease(self._mark)
         # Warm interpreters for Python instances, when the job names modules to preload.
@@ -116,7 +120,10 @@ class LocalRuntime:
     # ------------------------------------------------------------ control
 
     def start(self, name: str, command: Sequence[str], env: dict, cwd: Optional[str],
-              round_: int, start: int) -> int:
+              round_: int, start: int, keep: Optional[dict] = None) -> int:
+        """``keep``: what a new run of the agent needs to take the instance
+        back (the node host's); with it, and when the keeper starts this
+        process's instances, the keeper starts it (runtime/keeper_lease.py)."""
         mark = f"{self._mark}-{next(self._starts)}"
         env = {**env, MARK_VARIABLE: mark}
         if self.run_as is not None:
@@ -124,6 +131,9 @@ class LocalRuntime:
         try:
             resolved = _resolve(command, env, cwd)
             popen = self._from_standby(name, resolved, env, cwd)
+            fds = None
+            if popen is None and keep is not None and self._keeper.spawns:
+                popen, fds = self._kept(name, resolved, env, cwd, round_, start, mark, keep)
             if popen is None:
                 popen = subprocess.Popen(
                     with_parent_death_signal(resolved), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -133,10 +143,13 @@ class LocalRuntime:
         except OSError as exc:
             self._could_not_start(name, command, exc, round_, start)
             return 0
+        if fds is None:
+            fds = []
+            for handle in (popen.stdout, popen.stderr):
+                fds.append(os.dup(handle.fileno()))
+                handle.close()
         pipes = []
-        for stream, handle in ((Stream.STDOUT, popen.stdout), (Stream.STDERR, popen.stderr)):
-            fd = os.dup(handle.fileno())
-            handle.close()
+        for stream, fd in zip((Stream.STDOUT, Stream.STDERR), fds):
             os.set_blocking(fd, False)
             pipes.append(_Pipe(name, stream, fd))
         proc = _Proc(name, popen, round_, start, pipes, mark=mark)
@@ -149,6 +162,38 @@ class LocalRuntime:
             self._to_register.append(proc)
         os.write(self._wake_w, b"x")
         return popen.pid
+
+    def _kept(self, name: str, argv: list[str], env: dict, cwd: Optional[str], round_: int, start: int, mark: str,
+              keep: dict) -> tuple[Optional[KeptProcess], Optional[list[int]]]:
+        """The instance started by the keeper, or (None, None): start it here."""
+        credentials = self._credentials
+        try:
+            popen, out_fd, err_fd = self._keeper.spawn(
+                with_parent_death_signal(argv), env, cwd, credentials.get("user"), credentials.get("group"),
+                {**keep, "instance": name, "round": round_, "start": start, "incarnation_mark": mark})
+        except KeeperUnavailable as exc:
+            self.counters.unkept_starts += 1
+            if self.counters.unkept_starts == 1:
+                print(f"trainwarden: started {name} without the keeper ({exc}); it ends with this agent",
+                      file=sys.stderr)
+            return None, None
+        return popen, [out_fd, err_fd]
+
+    def readopt(self, kept: KeptInstance) -> None:
+        """An instance the keeper kept for a previous run of the agent, and its
+        pipes: followed, stopped and reaped here from now on."""
+        name, round_, start, mark = (kept.keep["instance"], kept.keep["round"], kept.keep["start"],
+                                     kept.keep["incarnation_mark"])
+        # New incarnations' marks must not repeat the kept ones'.
+        number = int(mark.rsplit("-", 1)[1])
+        self._starts = itertools.count(max(number + 1, next(self._starts)))
+        popen = KeptProcess(kept.pid, self._keeper.link)
+        pipes = [_Pipe(name, stream, fd) for stream, fd in ((Stream.STDOUT, kept.stdout), (Stream.STDERR, kept.stderr))]
+        proc = _Proc(name, popen, round_, start, pipes, mark=mark)
+        with self._lock:
+            self._procs[name] = proc
+            self._to_register.append(proc)
+        os.write(self._wake_w, b"x")
 
     def _from_standby(self, name: str, argv: list[str], env: dict, cwd: Optional[str]) -> Optional[subprocess.Popen]:
         """A warm standby become this instance (``preload``), or None: start it fresh."""
@@ -384,6 +429,8 @@ class LocalRuntime:
                                                                     if not proc.stopping)
         for proc, code in ended:
             self._keeper.forget(proc.popen.pid)
+            if isinstance(proc.popen, KeptProcess):
+                proc.popen.forget()
             exit_code = 128 - code if code < 0 else code
             self._sink(InstanceExited(job_id=self.job_id, time=now(), instance=proc.name,
                                       round=proc.round, start=proc.start, exit_code=exit_code))

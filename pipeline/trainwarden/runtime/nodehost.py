@@ -38,6 +38,7 @@ from trainwarden.events import Event, InstanceExited, InstanceSpec, InstanceStar
 from trainwarden.runtime.adoption import Adopted, Adopter, AdopterFactory, Launch, Stopped
 from trainwarden.runtime.control import ControlServer, Incarnation
 from trainwarden.runtime.environment import instance_env, sdk_import_dir
+from trainwarden.runtime.keeper_lease import KeptInstance
 from trainwarden.runtime.local import LocalRuntime
 from trainwarden.runtime.logfiles import InstanceFiles, LogFileLimits
 from trainwarden.runtime.run_as import RunAs, share_sdk_path
@@ -260,7 +261,8 @@ class NodeHost:
             # one it lost track of would outlive every stop).
             runtime.stop([order.spec.name], REPLACED_GRACE_S)
             pid = runtime.start(order.spec.name, order.command, env, order.workdir or None, order.round,
-                                order.start)
+                                order.start, keep={"job_id": order.job_id, "token": token,
+                                                   "control": self.control.address})
             self.control.bind(token, pid)
             running = self.running.get(key)
             if running is not None and running.token == token and not running.pid:
@@ -318,6 +320,30 @@ class NodeHost:
         self.running[key] = Running(inc.job_id, inc.instance, inc.round, inc.start, pid=adopted.pid,
                                     token=adopted.token, last_output=self.clock(), adopter=adopter)
         self.counters.starts += 1
+
+    def readopt(self, kept: Sequence[KeptInstance]) -> int:
+        """Instances a previous run of this node's agent started, which its
+        keeper kept (runtime/keeper_lease.py): followed here as if started
+        here, their SDK tokens good again. How many."""
+        taken = 0
+        for item in kept:
+            job_id, name = item.keep["job_id"], item.keep["instance"]
+            incarnation = (item.keep["round"], item.keep["start"])
+            runtime = self.runtimes.get(job_id)
+            if runtime is None:
+                say = self._say
+                runtime = self.runtimes[job_id] = LocalRuntime(
+                    job_id, self._sink, self.node, line_sink=self._line_sink, run_as=self.run_as,
+                    say=(lambda text: say(job_id, text)) if say else None, mark=item.mark)
+            runtime.readopt(item)
+            key = (job_id, name)
+            self._newest[key] = max(self._newest.get(key, incarnation), incarnation)
+            token = item.keep["token"]
+            self.running[key] = Running(job_id, name, *incarnation, pid=item.pid, token=token,
+                                        last_output=self.clock())
+            self.control.accept_token(token, Incarnation(job_id, name, *incarnation), item.pid)
+            taken += 1
+        return taken
 
     # ------------------------------------------------------------ stopping
 

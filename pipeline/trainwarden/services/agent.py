@@ -43,6 +43,8 @@ from trainwarden.runtime.adoption import AdopterFactory
 from trainwarden.runtime.c4d_source import C4DSocket, open_channel
 from trainwarden.runtime.control import ControlServer, PendingReply
 from trainwarden.runtime.inbox import Inbox
+from trainwarden.runtime.keeper_lease import KeeperLease, KeptInstance, enable_kept_instances, listen_at, reclaim
+from trainwarden.runtime.keeper_lease import socket_path_for
 from trainwarden.runtime.logfiles import LogFileLimits
 from trainwarden.runtime.nodehost import HostCounters, NodeHost, Running, StartOrder, StopOrder
 from trainwarden.runtime.run_as import RunAs, sdk_home
@@ -74,11 +76,14 @@ class Agent:
                  clock: Callable[[], float] = clock_now, ship_logs: bool = True, c4d_log: Optional[Path] = None,
                  adopters: Sequence[AdopterFactory] = (), c4d_socket: Optional[Path] = None,
                  run_as: Optional[RunAs] = None, log_limits: LogFileLimits = LogFileLimits(),
-                 control_path: Optional[Path] = None):
+                 control_path: Optional[Path] = None, readopt_grace_s: float = 0.0):
         """``adopters``: the engines whose processes on this node the agent
         follows once proven (``runtime/adoption.py``); ``control_path``: where
         its SDK endpoint listens, when the instances must find it at a known
-        path (a pod mounts its directory); else a private directory."""
+        path (a pod mounts its directory); else a private directory;
+        ``readopt_grace_s``: how long its instances outlive it (killed,
+        crashed) waiting for its next run, which takes them back
+        (runtime/keeper_lease.py); 0: they end with it."""
         self.node = node
         self.run = uuid.uuid4().hex[:12]  # this run of the agent, in its heartbeats
         self.run_as = run_as  # the user its instances run as (runtime/run_as.py)
@@ -91,9 +96,14 @@ class Agent:
         self.counters = AgentCounters()
         # Lines are shipped every BATCH_S: they need not wake the loop (128 a second per agent in bench/scale.py).
         self.inbox = Inbox(wake_on_lines=False)
+        kept = self._reclaim(readopt_grace_s)
+        owns_directory = None
+        if kept and control_path is None and kept[0].keep.get("control"):
+            # The instances taken back call the SDK endpoint of the previous run: here again.
+            control_path, owns_directory = Path(kept[0].keep["control"]), True
         self.control = ControlServer(deliver=self.inbox.put,
                                      on_refused=lambda reason, raw: self.inbox.put(("refused", reason, raw)),
-                                     path=_endpoint(control_path), adopts=bool(adopters))
+                                     path=_endpoint(control_path), adopts=bool(adopters), owns_directory=owns_directory)
         if run_as is not None:
             run_as.share_socket(self.control.path)
         tools, timeout = configured()
@@ -106,6 +116,18 @@ class Agent:
             say=lambda job, text: _log.info("job %s: %s", job, text), adopters=adopters, stack_tools=tools,
             stack_timeout_s=timeout, log_dir=self.log_dir, log_limits=log_limits, counters=self.counters,
             dumps_to=self._dumps, clock=clock)
+        self.readopted = self.host.readopt(kept)
+        if self.readopted:
+            _log.info("took back %d instances its previous run left running", self.readopted)
+        self._lease: Optional[KeeperLease] = None
+        if readopt_grace_s > 0:
+            # Held for the agent's life: the keeper waits for its next run even with no job here yet.
+            self._lease = KeeperLease(f"agent-{self.run}")
+            listener = listen_at(self._keeper_path)
+            try:
+                enable_kept_instances(listener, readopt_grace_s)
+            finally:
+                listener.close()  # the keeper holds it
         self.producer = bus.producer()
         self.consumer = bus.consumer([COMMANDS], f"{PREFIX}-agent-{node}", from_beginning=False)
         self._next_batch = self._next_report = 0.0
@@ -119,6 +141,18 @@ class Agent:
     def running(self) -> dict[tuple[str, str], Running]:
         """(job, instance) -> the incarnation of it running here."""
         return self.host.running
+
+    def _reclaim(self, grace_s: float) -> list[KeptInstance]:
+        """What the keeper of this node's previous agent run kept, if it waits."""
+        self._keeper_path = socket_path_for(self.log_dir)
+        if grace_s <= 0:
+            return []
+        try:
+            return reclaim(self._keeper_path)
+        except (OSError, ValueError, KeyError) as exc:
+            _log.warning("could not take back what this node's previous agent run left (%s); "
+                         "its keeper ends it after its grace period", exc)
+            return []
 
     # ------------------------------------------------------------ the loop
 
@@ -164,6 +198,14 @@ class Agent:
         except BusError:
             pass
         self.host.close()
+        if self._lease is not None:
+            self._lease.close()
+            # An orderly end leaves nothing for a next run to take.
+            self._keeper_path.unlink(missing_ok=True)
+            try:
+                self._keeper_path.parent.rmdir()
+            except OSError:
+                pass
         self.control.close()
         if self.run_as is not None:
             shutil.rmtree(Path(self.host.sdk_path).parent, ignore_errors=True)  # sdk_home()'s

@@ -89,4 +89,7 @@ class CommandFeed:
     def close(self) -> None:
         """Stop reading (the caller closes the consumer afterwards)."""
         self._closing.set()
-        self._thread.join(POLL_S + 5.0)
+        # Not waited for longer: a position lookup during a broker outage
+        # may take 10 s, and the agent must be gone within 5 s of its
+        # SIGTERM. The thread then ends on the closed consumer (a daemon).
+        self._thread.join(POLL_S + 1.0)

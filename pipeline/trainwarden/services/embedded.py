@@ -31,7 +31,7 @@ from trainwarden.rules.model import RulePack
 from trainwarden.runtime.c4d_source import open_channel
 from trainwarden.runtime.control import ControlServer, PendingReply
 from trainwarden.runtime.inbox import Inbox
-from trainwarden.runtime.keeper import KeeperLease
+from trainwarden.runtime.keeper_lease import KeeperLease
 from trainwarden.runtime.launcher import InstanceLogs, LocalJobRunner
 from trainwarden.runtime.run_as import RunAs
 from trainwarden.runtime.logfiles import LogFileLimits

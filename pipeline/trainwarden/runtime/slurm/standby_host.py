@@ -33,7 +33,8 @@ import threading
 from pathlib import Path
 from typing import Optional, Sequence
 
-from trainwarden.runtime.keeper import MARK_VARIABLE, KeeperLease
+from trainwarden.runtime.keeper import MARK_VARIABLE
+from trainwarden.runtime.keeper_lease import KeeperLease
 from trainwarden.runtime.local import with_parent_death_signal, kill_incarnation
 from trainwarden.runtime.slurm import handoff
 from trainwarden.runtime.slurm.task import write_json_atomic
