@@ -15,6 +15,7 @@ import itertools
 import os
 import re
 import secrets
+import select
 import selectors
 import shutil
 import signal
@@ -81,13 +82,16 @@ class LocalRuntime:
                  max_line_bytes: int = MAX_LINE_BYTES,
                  line_sink: Optional[Callable[[Event, float], bool]] = None,
                  preload: Sequence[str] = (), say: Optional[Callable[[str], None]] = None,
-                 run_as: Optional[RunAs] = None, mark: Optional[str] = None):
+                 run_as: Optional[RunAs] = None, mark: Optional[str] = None, linger_s: float = 0.0):
         """``preload``: modules a standby interpreter imports for each Python
         instance before it starts (runtime/standby.py); ``say`` tells the
         operator once why an instance started fresh instead; ``run_as``: the
         user the instances (and their standbys) run as (runtime/run_as.py);
         ``mark``: the mark of the runtime of a previous run of the agent whose
-        instances this one takes back (``readopt``)."""
+        instances this one takes back (``readopt``); ``linger_s``: after
+        reading output, wait this long for more before looking again (a
+        caller that hands lines on in batches anyway: one turn per line
+        otherwise, 128 a second for 64 instances printing twice a second)."""
         self.job_id = job_id
         self.run_as = run_as
         self._credentials = run_as.popen_options() if run_as is not None else {}
@@ -104,6 +108,7 @@ class LocalRuntime:
         os.set_blocking(self._wake_r, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._to_register: list[_Proc] = []
+        self._linger_s = linger_s
         self._closed = False
         # Each incarnation's environment carries MARK_VARIABLE=<runtime>-<n>:
         # the keeper finds everything this runtime started by the prefix,
@@ -313,12 +318,17 @@ class LocalRuntime:
                 if pipe.fd >= 0:
                     self._selector.register(pipe.fd, selectors.EVENT_READ, pipe)
             proc.registered = True
+        read = False
         for key, _ in self._selector.select(POLL_S):
             if key.data is None:
                 _drain_wake(self._wake_r)
                 continue
             self._read(key.data)
+            read = True
         self._reap()
+        if read and self._linger_s > 0:
+            # A start or a close still wakes us at once.
+            select.select([self._wake_r], [], [], self._linger_s)
 
     def _read(self, pipe: _Pipe) -> bool:
         """Read what is there; False once the pipe is closed."""

@@ -166,7 +166,7 @@ class NodeHost:
                  stack_timeout_s: float = 0.0, log_dir: Optional[Path] = None,
                  log_limits: LogFileLimits = LogFileLimits(), counters: Optional[HostCounters] = None,
                  dumps_to: Optional[Callable[[str, str, list, list], None]] = None,
-                 clock: Callable[[], float] = clock_now):
+                 clock: Callable[[], float] = clock_now, line_linger_s: float = 0.0):
         """``sink``/``line_sink``: where each job's processes' events go
         (``runtime/local.py``); ``output``: set when this host follows the
         output itself (events come back through ``take``); ``say(job, text)``
@@ -174,6 +174,7 @@ class NodeHost:
         ``log_dir``: the instance log files, when this host writes them;
         ``dumps_to(job, report, dumps, missing)``: where a stop's stack dumps go."""
         self.node = node
+        self.line_linger_s = line_linger_s  # LocalRuntime's linger_s
         self.control = control
         self.run_as = run_as
         self.output = output
@@ -215,7 +216,8 @@ class NodeHost:
             say = self._say
             runtime = self.runtimes[job_id] = LocalRuntime(
                 job_id, self._sink, self.node, line_sink=self._line_sink, preload=tuple(preload),
-                run_as=self.run_as, say=(lambda text: say(job_id, text)) if say else None)
+                run_as=self.run_as, say=(lambda text: say(job_id, text)) if say else None,
+                linger_s=self.line_linger_s)
         return runtime
 
     # ------------------------------------------------------------ starting
@@ -334,7 +336,8 @@ class NodeHost:
                 say = self._say
                 runtime = self.runtimes[job_id] = LocalRuntime(
                     job_id, self._sink, self.node, line_sink=self._line_sink, run_as=self.run_as,
-                    say=(lambda text: say(job_id, text)) if say else None, mark=item.mark)
+                    say=(lambda text: say(job_id, text)) if say else None, mark=item.mark,
+                    linger_s=self.line_linger_s)
             runtime.readopt(item)
             key = (job_id, name)
             self._newest[key] = max(self._newest.get(key, incarnation), incarnation)

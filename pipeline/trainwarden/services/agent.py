@@ -55,6 +55,9 @@ from trainwarden.supervision.intake import diagnosis, read_channel_line, refused
 
 BATCH_S = 0.2
 REPORT_S = 1.0
+# Output is read in turns at most this far apart while it flows: a line
+# waits at most this long more, and is shipped every BATCH_S anyway.
+LINE_LINGER_S = 0.05
 # SIGTERM to SIGKILL of the instances when the agent itself stops, whatever
 # the job's stop_grace_s: the whole agent must be gone within 5 s of its own
 # SIGTERM, closing its consumers and producer included.
@@ -115,7 +118,7 @@ class Agent:
             output=self, line_sink=self.inbox.offer_line, run_as=run_as,
             say=lambda job, text: _log.info("job %s: %s", job, text), adopters=adopters, stack_tools=tools,
             stack_timeout_s=timeout, log_dir=self.log_dir, log_limits=log_limits, counters=self.counters,
-            dumps_to=self._dumps, clock=clock)
+            dumps_to=self._dumps, clock=clock, line_linger_s=LINE_LINGER_S)
         self.readopted = self.host.readopt(kept)
         if self.readopted:
             _log.info("took back %d instances its previous run left running", self.readopted)
