@@ -121,6 +121,18 @@ class Decisions:
                     return when, decision
         raise AssertionError(f"no decision {what} within {timeout_s:.0f} s; seen {[d for _, d in self.seen]}")
 
+    def settled(self, predicate, timeout_s: float, what: str, quiet_s: float = 2.0) -> list[dict]:
+        """Every decision seen once one ``predicate`` holds for has come and
+        none more for ``quiet_s`` (a second one it may have caused included)."""
+        self.first(predicate, timeout_s, what)
+        quiet_until = time.monotonic() + quiet_s
+        while time.monotonic() < quiet_until:
+            count = len(self.seen)
+            self.poll()
+            if len(self.seen) > count:
+                quiet_until = time.monotonic() + quiet_s
+        return [d for _, d in self.seen]
+
     def close(self) -> None:
         self.consumer.close()
 
@@ -223,8 +235,32 @@ def agent_restart(services: ServiceProcesses, job_id: str, work: Path, node_time
         (work / "crash-0").touch()
         crashed = time.monotonic()
         took = wait_until(lambda: _round_started(work, 1), 60, "round 1 of both ranks") - crashed
-        decisions.poll()
-        return took, [d for _, d in decisions.seen]
+        return took, decisions.settled(lambda d: d["kind"] == "restart_job", 30, "restart_job after the crash")
+    finally:
+        decisions.close()
+        _end(proc)
+
+
+def agent_killed_as_its_rank_crashes(services: ServiceProcesses, job_id: str, work: Path) -> tuple[float, list[dict]]:
+    """Kill the agent of the node running rank 1 as rank 1 crashes (a
+    retryable error, while no agent runs there), and start the agent again
+    half a second later: the seconds from the crash to every instance of
+    round 1 started, and the job's decisions until then. The crash reaches
+    the new run through the keeper (exit status and output kept); the
+    restart's start for that node may come before the new run has joined."""
+    proc = submit_controlled(services, job_id, work, "--enable-job-restart=True")
+    decisions = Decisions(services, job_id)
+    try:
+        wait_for(lambda: _round_started(work, 0), 60, "round 0 of both ranks")
+        wait_for(lambda: _node_of(services, job_id, "worker-1"), 30, "worker-1's output file")
+        node = _node_of(services, job_id, "worker-1")
+        services.kill(f"agent-{node}")
+        (work / "crash-0").touch()
+        crashed = time.monotonic()
+        time.sleep(0.5)  # the scenario's timing: the agent's service manager restarts it
+        services.start_agent(node)
+        took = wait_until(lambda: _round_started(work, 1), 60, "round 1 of both ranks") - crashed
+        return took, decisions.settled(lambda d: d["kind"] == "restart_job", 30, "restart_job after the crash")
     finally:
         decisions.close()
         _end(proc)
@@ -300,6 +336,7 @@ def _end(proc) -> None:
     proc.communicate(timeout=30)
 
 
-__all__ = ["Decisions", "NCCL", "Services", "actuator_restart", "agent_restart", "broker_outage", "controlled_job",
+__all__ = ["Decisions", "NCCL", "Services", "actuator_restart", "agent_killed_as_its_rank_crashes", "agent_restart",
+           "broker_outage", "controlled_job",
            "hang_during_takeover", "processor_takeover", "restartable_broker", "short_session_broker", "started",
            "submit_controlled", "wait_for", "wait_until"]

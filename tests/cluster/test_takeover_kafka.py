@@ -16,6 +16,7 @@ from tests.cluster.processes import ServiceProcesses
 from tests.cluster.takeover import (
     Services,
     actuator_restart,
+    agent_killed_as_its_rank_crashes,
     agent_restart,
     broker_outage,
     hang_during_takeover,
@@ -29,13 +30,14 @@ pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 TAKEOVER_S = 5.0  # the 3 s target plus what a loaded CI machine adds (3.0 s measured here at load 7)
 HANG_INTERVAL_S = 5
+NODE_TIMEOUT_S = 10.0
 OUTAGE_S = 15  # the clients' reconnect backoff has grown to its cap by then
 
 
 @pytest.fixture
 def services(tmp_path):
     # The actuator's default node timeout: the grace a restarted agent has to report in.
-    s = Services(short_session_broker(), tmp_path, nodes=2, node_timeout_s=10.0)
+    s = Services(short_session_broker(), tmp_path, nodes=2, node_timeout_s=NODE_TIMEOUT_S)
     s.start_second_processor()
     try:
         wait_for(s.settled, 60, "two processors holding two events partitions each")
@@ -64,11 +66,21 @@ def test_a_restarted_actuator_carries_out_a_restart_decided_while_it_was_dead_wi
 
 def test_an_agent_restarted_within_the_node_timeout_takes_its_instances_back_and_nothing_restarts(
         services, job_id, tmp_path):
-    took, decisions = agent_restart(services, job_id, tmp_path / "work", node_timeout_s=10.0)
+    took, decisions = agent_restart(services, job_id, tmp_path / "work", node_timeout_s=NODE_TIMEOUT_S)
     restarts = [(d["kind"], d["error_source"]) for d in decisions if d["kind"] != "start_job"]
     # One restart, for the crash (its output and exit code came through the new agent), none for the node.
     assert len(restarts) == 1 and restarts[0][0] == "restart_job" and restarts[0][1] != "node_lost", restarts
     assert took <= TAKEOVER_S, (f"round 1 started {took:.1f} s after the crash", services.logs())
+
+
+def test_a_rank_that_crashes_while_its_agent_is_down_is_restarted_once_when_the_agent_is_back(
+        services, job_id, tmp_path):
+    took, decisions = agent_killed_as_its_rank_crashes(services, job_id, tmp_path / "work")
+    restarts = [(d["kind"], d["error_source"]) for d in decisions if d["kind"] != "start_job"]
+    assert len(restarts) == 1 and restarts[0][0] == "restart_job" and restarts[0][1] != "node_lost", restarts
+    # Acted on once the new run has joined its group and reported in (1-6 s
+    # here): within the node timeout, by which the node would have been lost.
+    assert took <= NODE_TIMEOUT_S, (f"round 1 started {took:.1f} s after the crash", services.logs())
 
 
 def test_after_a_broker_outage_every_service_is_ready_and_a_crash_it_held_back_is_acted_on_within_seconds(

@@ -14,14 +14,18 @@ from trainwarden.services.command_feed import CommandBatch, CommandFeed
 class ScriptedConsumer:
     """Polls answer from a script (records, an error, or nothing); every call is logged."""
 
-    def __init__(self, script):
+    def __init__(self, script, positions=None):
         self.script = list(script)
+        self.at = dict(positions or {})  # what positions() answers
         self.calls: list[str] = []
         self.lock = threading.Lock()
         self.polled = threading.Event()
 
     def ready(self) -> bool:
         return True
+
+    def positions(self) -> dict:
+        return dict(self.at)
 
     def poll(self, timeout_s, max_records=100):
         with self.lock:
@@ -84,5 +88,22 @@ def test_a_bus_error_is_kept_until_a_poll_gets_through_again():
         batch = delivered.get(timeout=10)  # after two retries
         assert feed.error is None and batch.records == ["c1"]
         batch.handled()
+    finally:
+        feed.close()
+
+
+def test_the_feed_is_caught_up_only_once_what_was_read_before_it_joined_is_handled():
+    # Joined with the partition's end at 5; the position is 3 until the batch up to 5 is read.
+    consumer = ScriptedConsumer([[], ["c3", "c4"]], positions={("commands", 0): 3})
+    delivered: queue.Queue[CommandBatch] = queue.Queue()
+    feed = CommandFeed(consumer, delivered.put, on_ready=lambda: {("commands", 0): 5})
+    try:
+        _wait(lambda: feed.is_ready)
+        batch = delivered.get(timeout=5)
+        consumer.at[("commands", 0)] = 5  # read, not handled yet
+        threading.Event().wait(0.2)
+        assert not feed.caught_up
+        batch.handled()
+        _wait(lambda: feed.caught_up)
     finally:
         feed.close()

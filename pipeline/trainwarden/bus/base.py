@@ -84,6 +84,10 @@ class Consumer(Protocol):
 
     def end_offset(self, topic: str, partition: int) -> int: ...
 
+    def positions(self) -> dict[tuple[str, int], int]:
+        """The offset of the next message poll returns, per assigned partition
+        whose position is known (no request to the broker)."""
+
     def lags(self) -> dict[tuple[str, int], int]:
         """Messages behind the end, per assigned partition, from what the
         client already knows (no request to the broker): cheap enough for

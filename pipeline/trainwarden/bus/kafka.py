@@ -408,7 +408,12 @@ class KafkaConsumerAdapter:
         if not assigned:
             return False
         try:
-            positions = {tp: self._consumer.position(tp, timeout_ms=10000) for tp in assigned}
+            # Asked again at the next poll when it times out: a lookup stuck
+            # in a rebalance must not hold a restarted agent's heartbeat past
+            # its node's timeout (10 s once took it 11 s to report in), and
+            # one begun during a broker outage must outlast the reconnect
+            # (2 s made the services ready 9 s after the broker).
+            positions = {tp: self._consumer.position(tp, timeout_ms=5000) for tp in assigned}
             if self._consumer.config.get("group_id"):
                 # Pin them: after a later rebalance a partition without a
                 # committed offset would reset to "latest" again and skip
@@ -437,6 +442,17 @@ class KafkaConsumerAdapter:
             if high is not None and position is not None:
                 lags[(tp.topic, tp.partition)] = max(0, high - position)
         return lags
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        found = {}
+        for tp in list(self._consumer.assignment()):
+            try:
+                position = self._consumer.position(tp, timeout_ms=0)
+            except Exception:  # noqa: BLE001 - revoked by a rebalance meanwhile
+                continue
+            if position is not None:
+                found[(tp.topic, tp.partition)] = position
+        return found
 
     def end_offset(self, topic: str, partition: int) -> int:
         tp = self._kafka.TopicPartition(topic, partition)

@@ -180,6 +180,10 @@ class MemoryConsumer:
         with self.bus._cond:
             return len(self.bus._topics[topic][partition])
 
+    def positions(self) -> dict[tuple[str, int], int]:
+        with self.bus._cond:
+            return dict(self._positions)
+
     def lags(self) -> dict[tuple[str, int], int]:
         with self.bus._cond:
             return {key: max(0, len(self.bus._topics[key[0]][key[1]]) - position)

@@ -516,6 +516,9 @@ class SigningConsumer:
     def lags(self) -> dict[tuple[str, int], int]:
         return self._inner.lags()
 
+    def positions(self) -> dict[tuple[str, int], int]:
+        return self._inner.positions()
+
     def close(self) -> None:
         try:
             if self._letters is not None:

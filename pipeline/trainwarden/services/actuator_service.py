@@ -504,10 +504,13 @@ class ActuatorService:
     def _agent_restarted(self, beat: Heartbeat) -> None:
         """A node's agent came back as a new run before the node timeout (so
         the node is not lost). The instances placed there that the new run
-        does not report are gone with the previous run (the agents' own die
-        with their agent: runtime/keeper.py): lost now, as nothing else would
-        ever report them."""
+        does not report are gone with the previous run (what it did not keep
+        for the new run): lost now, as nothing else would ever report them."""
         self.counters.agent_restarts += 1
+        # By instance, not incarnation: this heartbeat may be read after a
+        # restart already sent the next one (a new run that took its
+        # predecessor's instances back reports in only once the starts sent
+        # before it joined are carried out: services/agent.py).
         kept = {(r.job_id, r.instance) for r in beat.running}
         for job_id, instances in self.cluster.on_node(beat.node).items():
             gone = [name for name in instances if (job_id, name) not in kept]

@@ -55,6 +55,9 @@ from trainwarden.supervision.intake import diagnosis, read_channel_line, refused
 
 BATCH_S = 0.2
 REPORT_S = 1.0
+# A run that took its predecessor's instances back reports in once the
+# commands read before it joined are carried out, or after this long.
+CATCH_UP_LIMIT_S = 2.0
 # Output is read in turns at most this far apart while it flows: a line
 # waits at most this long more, and is shipped every BATCH_S anyway.
 LINE_LINGER_S = 0.05
@@ -120,6 +123,12 @@ class Agent:
             stack_timeout_s=timeout, log_dir=self.log_dir, log_limits=log_limits, counters=self.counters,
             dumps_to=self._dumps, clock=clock, line_linger_s=LINE_LINGER_S)
         self.readopted = self.host.readopt(kept)
+        self._ready_since = 0.0
+        self._caught_up = False
+        # Exits of instances taken back, held until this run has reported in
+        # with them running: the actuator takes one placed here that the new
+        # run's first heartbeat does not list for lost with the old run.
+        self._held_exits: Optional[list] = [] if self.readopted else None
         if self.readopted:
             _log.info("took back %d instances its previous run left running", self.readopted)
         self._lease: Optional[KeeperLease] = None
@@ -178,11 +187,25 @@ class Agent:
             # Only a node that will see its commands may be offered work.
             self._report(now)
             self._next_report = now + REPORT_S
+            self._release_exits()
         self.producer.flush()
 
     def ready(self) -> bool:
-        """Commands sent from now on reach this agent."""
-        return self.feed.is_ready
+        """Commands sent from now on reach this agent (and, for a run that
+        took its predecessor's instances back, those sent before are carried
+        out: its first heartbeat must report the starts they asked for)."""
+        if not self.feed.is_ready:
+            return False
+        if not self.readopted or self._caught_up:
+            return True
+        now = time.monotonic()
+        self._ready_since = self._ready_since or now
+        # Bounded: a heartbeat must come well within the node timeout, caught up or not.
+        self._caught_up = self.feed.caught_up or now - self._ready_since > CATCH_UP_LIMIT_S
+        if self._caught_up:
+            _log.info("reporting in %.2f s after joining (%s)", now - self._ready_since,
+                      "its predecessor's commands carried out" if self.feed.caught_up else "not caught up yet")
+        return self._caught_up
 
     def close(self, grace_s: float = STOP_GRACE_S) -> None:
         self.feed.close()  # no command is carried out from now on
@@ -192,6 +215,7 @@ class Agent:
         while (item := self.inbox.get(0.0)) is not None:
             if not isinstance(item, CommandBatch):  # read, not carried out: not committed either
                 self._local(item)
+        self._release_exits()
         self.host.ship()
         try:
             self.producer.send(NODES, self.node, encode(Heartbeat(
@@ -239,8 +263,11 @@ class Agent:
             # was meant for its previous run, placed on heartbeats of that run:
             # by now the actuator may have placed the incarnation elsewhere.
             # Judged by offsets, not by comparing the actuator's clock with ours.
+            # A run that took its predecessor's instances back continues it
+            # on the same node (never lost meanwhile: the keeper's grace is
+            # under the node timeout), so those starts are still its own.
             joined = self.feed.joined
-            if joined is None or record.offset < joined.get((record.topic, record.partition), 0):
+            if not self.readopted and (joined is None or record.offset < joined.get((record.topic, record.partition), 0)):
                 self.counters.ignored_commands += 1
                 return
             self.host.start(StartOrder(
@@ -295,7 +322,14 @@ class Agent:
             self._refused(refused_request("", item[1], item[2], self.clock()))
         elif isinstance(item, tuple) and item[0] == "c4d-refused":
             self._refused(dead_letter_record("", "c4d", item[1], item[2], self.clock()))
+        elif isinstance(item, InstanceExited) and self._held_exits is not None:
+            self._held_exits.append(item)
         else:
+            self.host.take(item)
+
+    def _release_exits(self) -> None:
+        held, self._held_exits = self._held_exits, None
+        for item in held or ():
             self.host.take(item)
 
     def _refused(self, letter: DeadLetter) -> None:

@@ -54,6 +54,9 @@ class CommandFeed:
         self._on_ready = on_ready
         self.joined: Optional[dict] = None
         self.is_ready = False
+        # Every command read before ``joined`` carried out (a run that
+        # continues its predecessor heartbeats only then: services/agent.py).
+        self.caught_up = False
         self.error: Optional[BusError] = None
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="command-feed", daemon=True)
@@ -85,6 +88,10 @@ class CommandFeed:
         if not self.is_ready and self.consumer.ready():
             self.joined = self._on_ready()
             self.is_ready = True
+        if self.is_ready and not self.caught_up:
+            # Lockstep: whatever was read is handled by now.
+            positions = self.consumer.positions()
+            self.caught_up = all(positions.get(tp, 0) >= end for tp, end in (self.joined or {}).items())
 
     def close(self) -> None:
         """Stop reading (the caller closes the consumer afterwards)."""
