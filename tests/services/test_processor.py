@@ -132,6 +132,27 @@ def test_a_successor_replaying_a_partition_with_poison_records_skips_and_counts_
     assert second.jobs["j1"].finished
 
 
+
+def test_a_successor_dead_letters_the_poison_records_no_processor_had_read_and_only_those():
+    bus = _bus()
+    producer = _job(bus)
+    first = Processor(bus, load_rules())
+    _drain(first)
+    producer.send(EVENTS, "j1", b"read by the first")
+    _drain(first)
+    first.close()
+    # While no processor owns the partition (the first is gone, or its
+    # successor has not joined yet): nobody has dead-lettered these.
+    producer.send(EVENTS, "j1", b"sent while no processor ran")
+    producer.send(EVENTS, "j1", b'{"v":1,"type":"no_such_type"}')
+    second = Processor(bus, load_rules())
+    _drain(second)
+    letters = [json.loads(r.value) for r in bus.consumer([DEAD_LETTERS], None, True).poll(0.1)]
+    assert sorted(letter["value"] for letter in letters) == [
+        "read by the first", "sent while no processor ran", '{"v":1,"type":"no_such_type"}'], letters
+    assert (second.counters.dead_letters, second.counters.replay_skipped) == (2, 1)
+
+
 # ------------------------------------------------ where a line comes from
 
 

@@ -58,6 +58,9 @@ class ProcessorCounters:
 @dataclasses.dataclass
 class _Replay:
     end: int  # offset where live processing starts
+    # Where the group had read to: the records from here on no processor
+    # took, so their dead letters and diagnoses are still owed.
+    unseen_from: int
     records: list = dataclasses.field(default_factory=list)
     logs: list = dataclasses.field(default_factory=list)  # log records of this partition held until the replay ends
     # Events past ``end`` read in the batch that ends the replay: live, but
@@ -93,7 +96,7 @@ class Processor:
     def run_once(self, timeout_s: float) -> None:
         """The records that come within ``timeout_s``, taken and committed."""
         records = self.consumer.poll(max(0.0, timeout_s), max_records=2000)
-        sought = self._take_assignments()
+        sought = self._take_assignments(records)
         for record in records:
             if record.topic == EVENTS and record.partition in sought:
                 # Fetched from the committed offset before the seek to the
@@ -136,12 +139,14 @@ class Processor:
 
     # ---------------------------------------------------------- partitions
 
-    def _take_assignments(self) -> set[int]:
+    def _take_assignments(self, polled: list[Message]) -> set[int]:
         """The events partitions just assigned, now read again from their beginning."""
         if not self._assigned:
             return set()
         assigned, self._assigned[:] = list(self._assigned), []
         partitions = [p for topic, p in assigned if topic == EVENTS]
+        # Before the seek: the poll read on from the group's committed offset.
+        positions = self.consumer.positions()
         for partition in partitions:
             for job_id in [j for j, p in self.partition_of.items() if p == partition]:
                 self.jobs.pop(job_id, None)
@@ -149,7 +154,11 @@ class Processor:
                 self.market.forget([job_id])
             end = self.consumer.end_offset(EVENTS, partition)
             if end > 0:
-                self.replays[partition] = _Replay(end=end)
+                # Unknown, all of it counts as seen: a second dead letter or
+                # diagnosis of a record would be a second history row.
+                unseen_from = min([positions.get((EVENTS, partition), end)] + [
+                    r.offset for r in polled if r.topic == EVENTS and r.partition == partition])
+                self.replays[partition] = _Replay(end=end, unseen_from=unseen_from)
         self.consumer.seek_to_beginning([(EVENTS, p) for p in partitions])
         # Which processor holds a job, for an operator (and the takeover tests).
         _log.info("events partitions %s assigned: their jobs are rebuilt from the beginning",
@@ -182,8 +191,10 @@ class Processor:
                 self.counters.replay_skipped += 1
             return None
 
-    def _event(self, record: Message, live: bool) -> list[Decision]:
-        message = self._decode(record, EVENTS, report=live)
+    def _event(self, record: Message, live: bool, unseen: bool = False) -> list[Decision]:
+        """unseen: a replayed record no processor took before (its dead letter
+        and diagnoses are published as if it were live)."""
+        message = self._decode(record, EVENTS, report=live or unseen)
         self.last_offset[record.partition] = record.offset
         if message is None or isinstance(message, DecisionRecord):
             return []  # our own records matter only to a replay
@@ -203,7 +214,7 @@ class Processor:
             if state is None:
                 self.counters.unknown_job += 1
                 return []
-            taken = self._take(state, message, now, "", live)
+            taken = self._take(state, message, now, "", live or unseen)
             decisions = taken.decisions
         if live:
             self._publish(decisions, record.partition)
@@ -212,7 +223,8 @@ class Processor:
     def _take(self, state: JobState, event, now: float, node: str, live: bool) -> Taken:
         """One guarded engine step; its records (diagnoses, an engine error's
         dead letter) go to the actuator, which owns the history. A replay
-        derives them again: they were published the first time."""
+        derives them again: they were published the first time (``live`` is
+        then False), unless no processor took the event before."""
         taken = take(state, event, now, node=node)
         self.jobs[state.job_id] = taken.state
         if taken.engine_failed:
@@ -261,14 +273,14 @@ class Processor:
             read = getattr(self.consumer, "offsets_read", {}).get((EVENTS, partition), -1)
             if max(read, replay.records[-1].offset if replay.records else -1) >= replay.end - 1:
                 del self.replays[partition]
-                self._replay(partition, replay.records)
+                self._replay(partition, replay)
                 for record in replay.logs:
                     self._logs(record)
                 for record in replay.live:
                     self._event(record, live=True)
 
-    def _replay(self, partition: int, records: list[Message]) -> None:
-        records.sort(key=lambda r: r.offset)
+    def _replay(self, partition: int, replay: _Replay) -> None:
+        records = sorted(replay.records, key=lambda r: r.offset)
         recorded: dict[str, Decision] = {}
         timer_decisions: dict[int, list[Decision]] = collections.defaultdict(list)
         for record in records:
@@ -282,7 +294,7 @@ class Processor:
         derived: dict[str, Decision] = {}
         for record in records:
             self.counters.replayed += 1
-            for decision in self._event(record, live=False):
+            for decision in self._event(record, live=False, unseen=record.offset >= replay.unseen_from):
                 derived[decision.action_id] = decision
             for decision in timer_decisions.get(record.offset, ()):
                 state = self.jobs.get(decision.job_id)
