@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from trainwarden.runtime.slurm.parse import JobState
+
 from tests.cluster.processes import wait_for
 from tests.cluster.test_spot_kafka import Watch, job_row, spot_steps, start_market, write_job, write_market
 from tests.slurm.test_slurm_runtime import services, slurm  # noqa: F401 - fixtures
@@ -26,8 +28,10 @@ NOTICE_S = 2
 
 
 class Allocations:
-    """The job's Slurm jobs that are not over (pending or running), as
-    ``scontrol`` lists them every quarter second, on the test's own clock."""
+    """The job's Slurm jobs that are held (pending or running), as
+    ``scontrol`` lists them every quarter second, on the test's own clock. A
+    COMPLETING one has been let go of: Slurm is tearing it down (the CI's
+    loaded machine once took more than 1.5 s over it after the cancel)."""
 
     def __init__(self, slurm, job_id: str):
         self.slurm = slurm
@@ -38,7 +42,8 @@ class Allocations:
         self._thread.start()
 
     def live(self) -> tuple[int, ...]:
-        return tuple(sorted(j.job_id for j in self.slurm.jobs(name=self.name) if not j.state.finished))
+        return tuple(sorted(j.job_id for j in self.slurm.jobs(name=self.name)
+                            if not j.state.finished and j.state is not JobState.COMPLETING))
 
     def _run(self) -> None:
         while not self._stop.wait(0.25):
