@@ -24,8 +24,16 @@ $(VENV)/.torch: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[torch]' || echo "make: torch could not be installed; tests/torch will skip"
 	touch $@
 
+# Two workers (pytest-xdist; TEST_WORKERS=0 runs in this process): most
+# tests wait on processes, brokers and clusters, not on the CPU. Those
+# marked `alone` (they restart the shared broker, or bound seconds that a
+# test beside them would stretch) run afterwards, by themselves. Exit 5
+# (nothing collected, say with -k) counts as success.
+TEST_WORKERS ?= 2
 test: setup $(VENV)/.torch
-	$(PY) -m pytest -q; status=$$?; if [ $$status -eq 5 ]; then status=0; fi; exit $$status
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not alone"; first=$$?; \
+	$(PY) -m pytest -q -p no:xdist -m alone; second=$$?; \
+	for status in $$first $$second; do if [ $$status -ne 0 ] && [ $$status -ne 5 ]; then exit $$status; fi; done
 
 bench: setup
 	$(PY) bench/engine.py

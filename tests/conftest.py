@@ -43,6 +43,20 @@ def job_processes(prefix: str = JOB_PREFIX) -> list[tuple[int, str]]:
     return found
 
 
+# What shares one Slurm or Kubernetes cluster runs on one xdist worker, one
+# test after another (``make test``: -n 2 --dist loadgroup): the node-loss
+# tests kill a node, and the scenarios hold every runtime to the first one's rows.
+CLUSTER_USERS = ("tests/slurm/", "tests/k8s/", "tests/scenarios/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        where = item.path.relative_to(ROOT).as_posix()
+        if where.startswith(CLUSTER_USERS) or item.get_closest_marker("slurm") or \
+                item.get_closest_marker("kubernetes"):
+            item.add_marker(pytest.mark.xdist_group("clusters"))
+
+
 @pytest.fixture(autouse=True)
 def no_orphans_after_test():
     yield

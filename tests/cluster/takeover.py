@@ -221,9 +221,7 @@ def agent_restart(services: ServiceProcesses, job_id: str, work: Path, node_time
     proc = submit_controlled(services, job_id, work, "--enable-job-restart=True")
     decisions = Decisions(services, job_id)
     try:
-        wait_for(lambda: _round_started(work, 0), 60, "round 0 of both ranks")
-        wait_for(lambda: _node_of(services, job_id, "worker-1"), 30, "worker-1's output file")
-        node = _node_of(services, job_id, "worker-1")
+        node = _rank_1_node_once_running(services, job_id, work)
         pid = int((work / "pid-1-0").read_text())
         services.kill(f"agent-{node}")
         killed = time.monotonic()
@@ -251,9 +249,7 @@ def agent_killed_as_its_rank_crashes(services: ServiceProcesses, job_id: str, wo
     proc = submit_controlled(services, job_id, work, "--enable-job-restart=True")
     decisions = Decisions(services, job_id)
     try:
-        wait_for(lambda: _round_started(work, 0), 60, "round 0 of both ranks")
-        wait_for(lambda: _node_of(services, job_id, "worker-1"), 30, "worker-1's output file")
-        node = _node_of(services, job_id, "worker-1")
+        node = _rank_1_node_once_running(services, job_id, work)
         services.kill(f"agent-{node}")
         (work / "crash-0").touch()
         crashed = time.monotonic()
@@ -264,6 +260,12 @@ def agent_killed_as_its_rank_crashes(services: ServiceProcesses, job_id: str, wo
     finally:
         decisions.close()
         _end(proc)
+
+
+def _rank_1_node_once_running(services: ServiceProcesses, job_id: str, work: Path) -> str:
+    wait_for(lambda: _round_started(work, 0), 60, "round 0 of both ranks")
+    wait_for(lambda: _node_of(services, job_id, "worker-1"), 30, "worker-1's output file")
+    return _node_of(services, job_id, "worker-1")
 
 
 def _alive(pid: int) -> bool:

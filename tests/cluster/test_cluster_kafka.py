@@ -116,6 +116,7 @@ def test_a_lost_node_makes_the_job_restart_on_the_others(services, job_id):
     assert _node_running(services, job_id, "worker-1", 1) not in (None, node)
 
 
+@pytest.mark.alone
 def test_the_services_reconnect_when_the_broker_restarts(services, job_id):
     from tests.cluster.processes import KAFKA_SCRIPT
 
@@ -155,9 +156,8 @@ def test_malformed_messages_and_huge_lines_are_dead_lettered_or_cut_and_nothing_
     deadline = time.time() + 90
     while time.time() < deadline:
         letters += [json.loads(r.value) for r in consumer.poll(1.0) if job_id.encode() in r.value]
-        services_seen = {letter["service"] for letter in letters}
         if sum(1 for letter in letters if letter["service"] == "processor") >= 5 and \
-                sum(1 for letter in letters if letter["service"] == "actuator") >= 2 and len(services_seen) >= 3:
+                sum(1 for letter in letters if letter["service"] == "actuator") >= 2:
             break
     consumer.close()
     by_service = {}
