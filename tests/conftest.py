@@ -47,11 +47,17 @@ def job_processes(prefix: str = JOB_PREFIX) -> list[tuple[int, str]]:
 # test after another (``make test``: -n 2 --dist loadgroup): the node-loss
 # tests kill a node, and the scenarios hold every runtime to the first one's rows.
 CLUSTER_USERS = ("tests/slurm/", "tests/k8s/", "tests/scenarios/")
+# Bounds of a notice (2 s to save a checkpoint) and of Slurm's own timing
+# that a test beside them stretched past (4 of them failed on two workers).
+ALONE = ("tests/slurm/",)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         where = item.path.relative_to(ROOT).as_posix()
+        if where.startswith(ALONE):
+            item.add_marker(pytest.mark.alone)
         if where.startswith(CLUSTER_USERS) or item.get_closest_marker("slurm") or \
                 item.get_closest_marker("kubernetes"):
             item.add_marker(pytest.mark.xdist_group("clusters"))

@@ -39,7 +39,7 @@ def skewed_clock(offset: str) -> dict[str, str]:
 
 
 class ServiceProcesses:
-    def __init__(self, bootstrap: str, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 3.0,
+    def __init__(self, bootstrap: str, tmp: Path, nodes: int = 3, slots: int = 2, node_timeout_s: float = 5.0,
                  slurm_dir: Path | None = None, metrics: bool = False, rules: Path | None = None,
                  agent_args: tuple[str, ...] = (), user: int | None = None, python: str = sys.executable,
                  agent_env: dict[int, dict[str, str]] | None = None):
@@ -51,7 +51,9 @@ class ServiceProcesses:
         (and gid) every service runs as, with ``python`` (one that user can
         run; tests/other_user.py), in a ``tmp`` that user can write.
         agent_env: more environment for the agent of node number N (from 0),
-        e.g. ``skewed_clock("+1h")``."""
+        e.g. ``skewed_clock("+1h")``. node_timeout_s: the actuator's
+        --node-timeout; heartbeats come every second, and with 3 s a Slurm
+        test beside another one once lost a node that was there."""
         self.user = user
         self.command = [python, "-m", "trainwarden.cli.main"]
         self.agent_args = tuple(agent_args)
@@ -86,7 +88,32 @@ class ServiceProcesses:
                 self.start_agent(name)  # as subclasses that wrap it (test_kafka_security.py) call it
         self.start("processor")
         self.start("actuator")
-        time.sleep(4.0)  # groups joined, a heartbeat from every agent
+        self.wait_ready()
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        """Every agent reporting in (its commands read from then on) and the
+        processor holding its partitions, as their logs say; then two
+        heartbeats' time for the actuator to hear every node. A fixed 4 s was
+        too short on a loaded machine: a command sent then never ran."""
+        wanted = {f"agent-{node}": "reporting in (" for node in self.node_names}
+        wanted["processor"] = "events partitions"
+
+        def said(name: str, text: str) -> bool:
+            try:
+                return text in (self.tmp / f"{name}.log").read_text(errors="replace")
+            except FileNotFoundError:
+                return False
+
+        deadline = time.time() + timeout_s
+        while not all(said(name, text) for name, text in wanted.items()):
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise AssertionError(f"{name} exited ({proc.returncode}) before it was ready\n{self.logs()}")
+            if time.time() > deadline:
+                missing = [name for name, text in wanted.items() if not said(name, text)]
+                raise AssertionError(f"not ready after {timeout_s:.0f} s: {missing}\n{self.logs()}")
+            time.sleep(0.1)
+        time.sleep(2.0)
 
     def start(self, name: str, *extra: str, env: dict | None = None) -> subprocess.Popen:
         """env: variables for this process only (a failpoint, say)."""

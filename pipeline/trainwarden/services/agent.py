@@ -124,7 +124,7 @@ class Agent:
             dumps_to=self._dumps, clock=clock, line_linger_s=LINE_LINGER_S)
         self.readopted = self.host.readopt(kept)
         self._ready_since = 0.0
-        self._caught_up = False
+        self._reported_in = False
         # Exits of instances taken back, held until this run has reported in
         # with them running: the actuator takes one placed here that the new
         # run's first heartbeat does not list for lost with the old run.
@@ -196,16 +196,21 @@ class Agent:
         out: its first heartbeat must report the starts they asked for)."""
         if not self.feed.is_ready:
             return False
-        if not self.readopted or self._caught_up:
+        if self._reported_in:
             return True
-        now = time.monotonic()
-        self._ready_since = self._ready_since or now
-        # Bounded: a heartbeat must come well within the node timeout, caught up or not.
-        self._caught_up = self.feed.caught_up or now - self._ready_since > CATCH_UP_LIMIT_S
-        if self._caught_up:
-            _log.info("reporting in %.2f s after joining (%s)", now - self._ready_since,
-                      "its predecessor's commands carried out" if self.feed.caught_up else "not caught up yet")
-        return self._caught_up
+        how = "its commands are read from here on"
+        if self.readopted:
+            now = time.monotonic()
+            self._ready_since = self._ready_since or now
+            # Bounded: a heartbeat must come well within the node timeout, caught up or not.
+            if not (self.feed.caught_up or now - self._ready_since > CATCH_UP_LIMIT_S):
+                return False
+            how = (f"{now - self._ready_since:.2f} s after joining, "
+                   + ("its predecessor's commands carried out" if self.feed.caught_up else "not caught up yet"))
+        self._reported_in = True
+        # Once per run: an operator (and the cluster tests) can tell when the node may be offered work.
+        _log.info("reporting in (%s)", how)
+        return True
 
     def close(self, grace_s: float = STOP_GRACE_S) -> None:
         self.feed.close()  # no command is carried out from now on
