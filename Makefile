@@ -31,7 +31,7 @@ $(VENV)/.torch: $(VENV)/.installed
 # (nothing collected, say with -k) counts as success.
 TEST_WORKERS ?= 2
 test: setup $(VENV)/.torch
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not alone"; first=$$?; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not alone"; first=$$?; \
 	$(PY) -m pytest -q -p no:xdist -m alone; second=$$?; \
 	for status in $$first $$second; do if [ $$status -ne 0 ] && [ $$status -ne 5 ]; then exit $$status; fi; done
 

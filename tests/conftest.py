@@ -43,24 +43,17 @@ def job_processes(prefix: str = JOB_PREFIX) -> list[tuple[int, str]]:
     return found
 
 
-# What shares one Slurm or Kubernetes cluster runs on one xdist worker, one
-# test after another (``make test``: -n 2 --dist loadgroup): the node-loss
-# tests kill a node, and the scenarios hold every runtime to the first one's rows.
-CLUSTER_USERS = ("tests/slurm/", "tests/k8s/", "tests/scenarios/")
-# Bounds of a notice (2 s to save a checkpoint) and of Slurm's own timing
-# that a test beside them stretched past (4 of them failed on two workers).
+# ``make test`` runs these in a serial pass after the rest (-m alone):
+# bounds of a notice (2 s to save a checkpoint) and of Slurm's own timing
+# that a test on the other xdist worker stretched (4 of them failed so).
 ALONE = ("tests/slurm/",)
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by this mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        where = item.path.relative_to(ROOT).as_posix()
-        if where.startswith(ALONE):
+        if item.path.relative_to(ROOT).as_posix().startswith(ALONE):
             item.add_marker(pytest.mark.alone)
-        if where.startswith(CLUSTER_USERS) or item.get_closest_marker("slurm") or \
-                item.get_closest_marker("kubernetes"):
-            item.add_marker(pytest.mark.xdist_group("clusters"))
 
 
 @pytest.fixture(autouse=True)

@@ -151,7 +151,6 @@ def _cluster_quick_start(name: str, tmp_path: Path, start_line: str, start_stub:
     assert "succeeded (all_instances_succeeded); 2 job restarts" in done.stderr, done.stderr[-3000:]
 
 
-@pytest.mark.slurm
 def test_the_slurm_quick_start_runs_as_written(tmp_path):
     import os
 
@@ -168,7 +167,6 @@ K8S_START = 'deploy/k8s/local-k8s install && eval "$(deploy/k8s/local-k8s start)
 K8S_POD_HOSTS = Path("/tmp/tw-pods")  # the README's --k8s-state-dir
 
 
-@pytest.mark.kubernetes
 def test_the_kubernetes_quick_start_runs_as_written(tmp_path):
     import os
     import shutil

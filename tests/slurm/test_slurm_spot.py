@@ -70,13 +70,16 @@ def _costs(result) -> dict:
 
 def test_a_spot_job_on_slurm_holds_no_allocation_while_queued_is_released_after_the_notice_and_resumes_in_a_new_one(
         services, slurm, tmp_path, job_id):
-    # Above the bid, below (starts), above (released with notice), below again (resumes).
-    market = write_market(tmp_path, [(0, 0.9, 8), (4, 0.3, 8), (9, 0.9, 8), (15, 0.3, 8)], notice_s=NOTICE_S)
+    # Above the bid, below (starts), above (released with notice), below again
+    # (resumes). Running 12 s: an allocation, srun and torch's import must be
+    # done, and the SIGTERM handler in place, before the notice.
+    market = write_market(tmp_path, [(0, 0.9, 8), (4, 0.3, 8), (16, 0.9, 8), (22, 0.3, 8)], notice_s=NOTICE_S)
     watch, allocations = Watch(services, job_id), Allocations(slurm, job_id)
     try:
         start_market(services, market)
-        proc = services.submit(write_job(tmp_path, job_id), "--runtime", "slurm", "--market", market)
-        out, err = proc.communicate(timeout=150)
+        # 20 s of steps: still training at the notice on a quiet machine.
+        proc = services.submit(write_job(tmp_path, job_id, steps=100), "--runtime", "slurm", "--market", market)
+        out, err = proc.communicate(timeout=180)
     finally:
         watch.close()
         allocations.close()
