@@ -39,6 +39,10 @@ def _decisions(bus, job_id="j1"):
     return [decode(DECISIONS, r.value) for r in consumer.poll(0.1, 10_000) if r.key == job_id]
 
 
+def _dead_letters(bus) -> list[dict]:
+    return [json.loads(r.value) for r in bus.consumer([DEAD_LETTERS], None, True).poll(0.1)]
+
+
 def _drain(processor, times=5):
     """Iterations, each with a tick (the service loop's timing is tests/services/test_loop.py's)."""
     for _ in range(times):
@@ -93,7 +97,7 @@ def test_a_malformed_event_goes_to_the_dead_letter_topic_and_processing_goes_on(
     producer.send(EVENTS, "j1", encode(InstanceExited(job_id="j1", time=T0 + 5, instance="worker-1", round=0,
                                                       start=0, exit_code=137, tail=())))
     _drain(processor)
-    letters = [json.loads(r.value) for r in bus.consumer([DEAD_LETTERS], None, True).poll(0.1)]
+    letters = _dead_letters(bus)
     assert len(letters) == 1 and letters[0]["service"] == "processor" and "missing required field" in letters[0]["error"]
     assert [d.kind for d in _decisions(bus)][-1] is DecisionKind.RESTART_JOB
 
@@ -107,7 +111,7 @@ def test_an_event_nested_too_deeply_to_decode_is_dead_lettered_and_the_next_one_
     producer.send(EVENTS, "j1", encode(InstanceExited(job_id="j1", time=T0 + 5, instance="worker-1", round=0,
                                                       start=0, exit_code=137, tail=())))
     _drain(processor)
-    letters = [json.loads(r.value) for r in bus.consumer([DEAD_LETTERS], None, True).poll(0.1)]
+    letters = _dead_letters(bus)
     assert len(letters) == 1 and "nested too deeply" in letters[0]["error"], letters
     assert [d.kind for d in _decisions(bus)][-1] is DecisionKind.RESTART_JOB
 
@@ -124,7 +128,7 @@ def test_a_successor_replaying_a_partition_with_poison_records_skips_and_counts_
     second = Processor(bus, load_rules())
     _drain(second)
     assert second.counters.replay_skipped == 2
-    assert len(bus.consumer([DEAD_LETTERS], None, True).poll(0.1)) == 2  # dead-lettered once, by the first
+    assert len(_dead_letters(bus)) == 2  # dead-lettered once, by the first
     for name in ("worker-0", "worker-1"):
         producer.send(EVENTS, "j1", encode(InstanceExited(job_id="j1", time=T0 + 9, instance=name, round=0,
                                                           start=0, exit_code=0, tail=())))
@@ -147,7 +151,7 @@ def test_a_successor_dead_letters_the_poison_records_no_processor_had_read_and_o
     producer.send(EVENTS, "j1", b'{"v":1,"type":"no_such_type"}')
     second = Processor(bus, load_rules())
     _drain(second)
-    letters = [json.loads(r.value) for r in bus.consumer([DEAD_LETTERS], None, True).poll(0.1)]
+    letters = _dead_letters(bus)
     assert sorted(letter["value"] for letter in letters) == [
         "read by the first", "sent while no processor ran", '{"v":1,"type":"no_such_type"}'], letters
     assert (second.counters.dead_letters, second.counters.replay_skipped) == (2, 1)
