@@ -74,6 +74,11 @@ def _send_signed(cluster, kid: str, node: str, marker, job_id: str) -> None:
     producer.close()
 
 
+def _runs(marker) -> int:
+    """How many times the command of ``_start_command`` has written to ``marker``."""
+    return marker.read_text().count("uid=") if marker.exists() else 0
+
+
 def _dead_letters(cluster) -> list[dict]:
     consumer = _signed_bus(cluster, "k2").consumer([cluster.topic("deadletter")], None, from_beginning=True)
     try:
@@ -149,8 +154,9 @@ def test_a_genuine_command_copied_and_produced_again_is_dead_lettered_as_replaye
     node = cluster.node_names[1]
     marker = cluster.tmp / "replayed-ran"
     _send_signed(cluster, "k2", node, marker, "replay-me")
-    wait_for(marker.exists, 60, "the genuine command to run")
-    assert marker.read_text().count("uid=") == 1
+    # The shell creates the file at `>>` before `id` writes to it: wait for the line.
+    wait_for(lambda: _runs(marker) >= 1, 60, "the genuine command to run")
+    assert _runs(marker) == 1
     # The attacker reads the signed record and produces its exact bytes again.
     reader = KafkaConsumer(bootstrap_servers=cluster.bootstrap, consumer_timeout_ms=10000)
     partitions = [TopicPartition(cluster.topic("commands"), p)
@@ -167,7 +173,7 @@ def test_a_genuine_command_copied_and_produced_again_is_dead_lettered_as_replaye
     plain.close()
     letter = _wait_for_letter(cluster, "agent", "replayed", "replay-me")
     assert "was read before at partition" in letter["error"]
-    assert marker.read_text().count("uid=") == 1
+    assert _runs(marker) == 1
 
 
 @kafka
