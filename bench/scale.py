@@ -18,8 +18,10 @@ Printed per size:
   stop               the decision -> the last round-0 exit reported
   start              the last stop's exit -> the last round-1 start
   slowest agent      the agent whose last round-1 instance started last
-  CPU / memory       the processor's and the actuator's CPU seconds during the
-                     restart (crash -> all started) and peak resident memory
+  CPU / memory       CPU seconds during the restart (crash -> all started): the
+                     machine's (and how many cores that kept busy on average),
+                     the agents' with their keepers', the processor's and the
+                     actuator's; their peak resident memory
   messages           records on every topic during the restart; commands alone
 
     .venv/bin/python bench/scale.py [--sizes 16x2,128x4,512x8,1024x16] [--bootstrap HOST:PORT] [--json]
@@ -42,6 +44,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 from kafka import KafkaConsumer, TopicPartition
@@ -121,6 +124,21 @@ class Services:
         fields = Path(f"/proc/{self.procs[name].pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def agents_cpu_s(self) -> float:
+        """The agents' CPU seconds and their keepers' (which start and reap the instances)."""
+        agents = {proc.pid for name, proc in self.procs.items() if name.startswith("agent-")}
+        total = sum(self.cpu_s(name) for name in self.procs if name.startswith("agent-"))
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) in agents and b"keeper.py" in (entry / "cmdline").read_bytes():
+                    total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            except (OSError, ValueError, IndexError):
+                continue
+        return total
+
     def peak_mib(self, name: str) -> float:
         for line in Path(f"/proc/{self.procs[name].pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -142,6 +160,12 @@ class Services:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds this machine's cores have spent busy since boot (/proc/stat)."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
 
 
 def _times(directory: Path, prefix: str) -> dict[str, float]:
@@ -207,9 +231,13 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "b
         _wait("every instance of round 0 to start", lambda: len(_times(marks, "start-0-")) >= width, budget, services)
         _wait("the crash", lambda: (marks / "crash").exists(), 60, services)
         cpu = {name: services.cpu_s(name) for name in ("processor", "actuator")}
+        cpu["agents"], cpu["machine"], began = services.agents_cpu_s(), _machine_busy_s(), time.monotonic()
         _wait("every instance of round 1 to start", lambda: len(_times(marks, "start-1-")) >= width, budget,
               services)
-        cpu = {name: services.cpu_s(name) - before for name, before in cpu.items()}
+        cpu["processor"], cpu["actuator"] = (services.cpu_s(name) - cpu[name] for name in ("processor", "actuator"))
+        cpu["agents"] = services.agents_cpu_s() - cpu["agents"]
+        cpu["machine"] = _machine_busy_s() - cpu["machine"]
+        watched_s = time.monotonic() - began
         peak = {name: services.peak_mib(name) for name in ("processor", "actuator")}
         try:
             code = submit.wait(budget)
@@ -241,7 +269,8 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "b
             "start_s": max(starts1.values()) - last_exit,
             "slowest_agent_s": last_per_agent[slowest] - crash,
             "fastest_agent_s": min(last_per_agent.values()) - crash,
-            "processor_cpu_s": cpu["processor"], "actuator_cpu_s": cpu["actuator"],
+            "processor_cpu_s": cpu["processor"], "actuator_cpu_s": cpu["actuator"], "agents_cpu_s": cpu["agents"],
+            "machine_cpu_s": cpu["machine"], "busy_cores": cpu["machine"] / watched_s if watched_s > 0 else 0.0,
             "processor_peak_mib": peak["processor"], "actuator_peak_mib": peak["actuator"],
             "messages": len(window), "commands": sum(1 for kind, _, _ in window if kind == "commands"),
         }
@@ -251,13 +280,21 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "b
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-COLUMNS = (("instances", "inst", "{:d}"), ("agents", "agents", "{:d}"), ("round0_s", "round 0", "{:.2f}"),
-           ("crash_to_first_s", "first", "{:.2f}"), ("crash_to_all_s", "all", "{:.2f}"),
-           ("decision_s", "decide", "{:.2f}"), ("stop_s", "stop", "{:.2f}"), ("start_s", "start", "{:.2f}"),
-           ("slowest_agent_s", "slow ag", "{:.2f}"), ("processor_cpu_s", "proc cpu", "{:.2f}"),
-           ("actuator_cpu_s", "act cpu", "{:.2f}"), ("processor_peak_mib", "proc MiB", "{:.0f}"),
-           ("actuator_peak_mib", "act MiB", "{:.0f}"),
-           ("messages", "msgs", "{:d}"), ("commands", "cmds", "{:d}"))
+# Two tables, each narrower than a terminal: the restart's times, then what it cost.
+TIMES = (("instances", "inst", "{:d}"), ("agents", "agents", "{:d}"), ("round0_s", "round 0", "{:.2f}"),
+         ("crash_to_first_s", "first", "{:.2f}"), ("crash_to_all_s", "all", "{:.2f}"),
+         ("decision_s", "decide", "{:.2f}"), ("stop_s", "stop", "{:.2f}"), ("start_s", "start", "{:.2f}"),
+         ("slowest_agent_s", "slow ag", "{:.2f}"))
+COSTS = (("instances", "inst", "{:d}"), ("machine_cpu_s", "all cpu", "{:.2f}"), ("busy_cores", "busy", "{:.2f}"),
+         ("agents_cpu_s", "agent cpu", "{:.2f}"), ("processor_cpu_s", "proc cpu", "{:.2f}"),
+         ("actuator_cpu_s", "act cpu", "{:.2f}"), ("processor_peak_mib", "proc MiB", "{:.0f}"),
+         ("actuator_peak_mib", "act MiB", "{:.0f}"), ("messages", "msgs", "{:d}"), ("commands", "cmds", "{:d}"))
+
+
+def _table_line(columns, row: Optional[dict] = None) -> str:
+    if row is None:
+        return "  ".join(f"{title:>{max(len(title), 6)}}" for _, title, _ in columns)
+    return "  ".join(f"{fmt.format(row[key]):>{max(len(title), 6)}}" for key, title, fmt in columns)
 
 
 def main() -> int:
@@ -277,18 +314,22 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores, {os.uname().machine}, Python {sys.version.split()[0]}",
           file=sys.stderr)
     if not args.json:
-        print("  ".join(f"{title:>{max(len(title), 6)}}" for _, title, _ in COLUMNS))
+        print(_table_line(TIMES))
+    rows = []
     for width, agents in sizes:
         row = measure(args.bootstrap, width, agents, args.keep, args.pause)
-        if args.json:
-            print(json.dumps(row), flush=True)
-        else:
-            print("  ".join(f"{fmt.format(row[key]):>{max(len(title), 6)}}" for key, title, fmt in COLUMNS),
-                  flush=True)
+        rows.append(row)
+        print(json.dumps(row) if args.json else _table_line(TIMES, row), flush=True)
         if not row["job_succeeded"]:
             print(f"scale: the {width}-instance job did not succeed", file=sys.stderr)
+    if not args.json:
+        print("\n" + _table_line(COSTS))
+        for row in rows:
+            print(_table_line(COSTS, row))
     print("times in seconds: round 0 = submit -> all started; first/all = crash -> round 1 started; "
-          "decide/stop/start = the restart's stages (README: docs/PERFORMANCE.md)", file=sys.stderr)
+          "decide/stop/start = the restart's stages. CPU seconds from the crash to all started: all = the "
+          "machine's, busy = cores busy on average, agents = agents and their keepers (docs/PERFORMANCE.md)",
+          file=sys.stderr)
     return 0
 
 

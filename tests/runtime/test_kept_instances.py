@@ -80,7 +80,8 @@ def test_a_new_run_takes_back_what_the_killed_one_started_with_its_output_and_ex
     try:
         for item in kept:
             runtime.readopt(item)
-        assert sorted(runtime.running()) == ["quits", "waits"]
+        # "quits" ended before: the runtime's reader may have reaped it already (its exit is checked below).
+        assert "waits" in runtime.running()
         assert runtime.pid("waits") == pid and alive(pid)
         (tmp_path / "go").touch()
         wait_for_value(lambda: len([e for e in events if isinstance(e, InstanceExited)]) == 2, 20, "both exits")
