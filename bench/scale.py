@@ -229,7 +229,9 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "b
             env=services.env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=open(tmp / "submit.log", "wb"))
         budget = 60 + width * 0.5
         _wait("every instance of round 0 to start", lambda: len(_times(marks, "start-0-")) >= width, budget, services)
+        steady = (_machine_busy_s(), time.monotonic())
         _wait("the crash", lambda: (marks / "crash").exists(), 60, services)
+        steady = (_machine_busy_s() - steady[0]) / max(time.monotonic() - steady[1], 1e-3)
         cpu = {name: services.cpu_s(name) for name in ("processor", "actuator")}
         cpu["agents"], cpu["machine"], began = services.agents_cpu_s(), _machine_busy_s(), time.monotonic()
         _wait("every instance of round 1 to start", lambda: len(_times(marks, "start-1-")) >= width, budget,
@@ -271,6 +273,7 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "b
             "fastest_agent_s": min(last_per_agent.values()) - crash,
             "processor_cpu_s": cpu["processor"], "actuator_cpu_s": cpu["actuator"], "agents_cpu_s": cpu["agents"],
             "machine_cpu_s": cpu["machine"], "busy_cores": cpu["machine"] / watched_s if watched_s > 0 else 0.0,
+            "busy_before_cores": steady,
             "processor_peak_mib": peak["processor"], "actuator_peak_mib": peak["actuator"],
             "messages": len(window), "commands": sum(1 for kind, _, _ in window if kind == "commands"),
         }
@@ -285,7 +288,8 @@ TIMES = (("instances", "inst", "{:d}"), ("agents", "agents", "{:d}"), ("round0_s
          ("crash_to_first_s", "first", "{:.2f}"), ("crash_to_all_s", "all", "{:.2f}"),
          ("decision_s", "decide", "{:.2f}"), ("stop_s", "stop", "{:.2f}"), ("start_s", "start", "{:.2f}"),
          ("slowest_agent_s", "slow ag", "{:.2f}"))
-COSTS = (("instances", "inst", "{:d}"), ("machine_cpu_s", "all cpu", "{:.2f}"), ("busy_cores", "busy", "{:.2f}"),
+COSTS = (("instances", "inst", "{:d}"), ("busy_before_cores", "before", "{:.2f}"),
+         ("machine_cpu_s", "all cpu", "{:.2f}"), ("busy_cores", "busy", "{:.2f}"),
          ("agents_cpu_s", "agent cpu", "{:.2f}"), ("processor_cpu_s", "proc cpu", "{:.2f}"),
          ("actuator_cpu_s", "act cpu", "{:.2f}"), ("processor_peak_mib", "proc MiB", "{:.0f}"),
          ("actuator_peak_mib", "act MiB", "{:.0f}"), ("messages", "msgs", "{:d}"), ("commands", "cmds", "{:d}"))
