@@ -18,10 +18,12 @@ Printed per size:
   stop               the decision -> the last round-0 exit reported
   start              the last stop's exit -> the last round-1 start
   slowest agent      the agent whose last round-1 instance started last
-  CPU / memory       CPU seconds during the restart (crash -> all started): the
-                     machine's (and how many cores that kept busy on average),
-                     the agents' with their keepers', the processor's and the
-                     actuator's; their peak resident memory
+  CPU / memory       the cores the running job kept busy before the crash; the
+                     machine's CPU seconds during the restart (crash -> all
+                     started) and the cores that kept busy; both by process
+                     (agents, their keepers, the instances, the broker, the
+                     processor, the actuator, the submit --follow follower);
+                     the processor's and actuator's peak resident memory
   messages           records on every topic during the restart; commands alone
 
     .venv/bin/python bench/scale.py [--sizes 16x2,128x4,512x8,1024x16] [--bootstrap HOST:PORT] [--json]
@@ -124,21 +126,6 @@ class Services:
         fields = Path(f"/proc/{self.procs[name].pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def agents_cpu_s(self) -> float:
-        """The agents' CPU seconds and their keepers' (which start and reap the instances)."""
-        agents = {proc.pid for name, proc in self.procs.items() if name.startswith("agent-")}
-        total = sum(self.cpu_s(name) for name in self.procs if name.startswith("agent-"))
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) in agents and b"keeper.py" in (entry / "cmdline").read_bytes():
-                    total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            except (OSError, ValueError, IndexError):
-                continue
-        return total
-
     def peak_mib(self, name: str) -> float:
         for line in Path(f"/proc/{self.procs[name].pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -160,6 +147,58 @@ class Services:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+PROCESS_KINDS = ("agents", "keepers", "instances", "broker", "processor", "actuator", "follower", "other")
+
+
+def _cpu_by_process(services: Services, follower: int) -> dict[tuple[int, str], float]:
+    """CPU seconds so far of every process on this machine, by (pid, kind).
+    An instance that ended was reaped by its keeper, its CPU then in the
+    keeper's children's time: counted there as the instances' (``_cpu_spent``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    named = {proc.pid: ("agents" if name.startswith("agent-") else name) for name, proc in services.procs.items()}
+    named[follower] = "follower"
+    seen: dict[int, tuple[int, float, float, bytes]] = {}  # pid: ppid, own, reaped children's, command
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        seen[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+                                 (int(fields[13]) + int(fields[14])) / tick, command)
+    keepers = {pid for pid, (ppid, _, _, command) in seen.items()
+               if named.get(ppid) == "agents" and b"keeper.py" in command}
+    spent: dict[tuple[int, str], float] = {}
+    for pid, (ppid, own, children, command) in seen.items():
+        if pid in keepers:
+            spent[(pid, "keepers")] = own
+            spent[(pid, "instances")] = children
+            continue
+        kind, parent = named.get(pid), ppid
+        while kind is None and parent > 1:  # an instance's processes descend from a keeper
+            kind = "instances" if parent in keepers else None
+            parent = seen[parent][0] if parent in seen else 0
+        if kind is None:
+            kind = "broker" if command.startswith(b"java") and b"kafka" in command else "other"
+        spent[(pid, kind)] = own + (children if kind == "instances" else 0.0)
+    return spent
+
+
+def _cpu_spent(before: dict[tuple[int, str], float], after: dict[tuple[int, str], float]) -> dict[str, float]:
+    """CPU seconds by kind between two ``_cpu_by_process``. An instance that
+    ended in between is in its keeper's children's time, whole: its part
+    before is taken off. Another process that ended in between is left out."""
+    totals = dict.fromkeys(PROCESS_KINDS, 0.0)
+    for (pid, kind), value in after.items():
+        totals[kind] += value - before.get((pid, kind), 0.0)
+    for (pid, kind), value in before.items():
+        if kind == "instances" and (pid, kind) not in after:
+            totals[kind] -= value
+    return totals
 
 
 def _machine_busy_s() -> float:
@@ -229,17 +268,16 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "b
             env=services.env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=open(tmp / "submit.log", "wb"))
         budget = 60 + width * 0.5
         _wait("every instance of round 0 to start", lambda: len(_times(marks, "start-0-")) >= width, budget, services)
-        steady = (_machine_busy_s(), time.monotonic())
+        # What the job costs running, before any fault; then what the restart costs.
+        steady = (_machine_busy_s(), time.monotonic(), _cpu_by_process(services, submit.pid))
         _wait("the crash", lambda: (marks / "crash").exists(), 60, services)
-        steady = (_machine_busy_s() - steady[0]) / max(time.monotonic() - steady[1], 1e-3)
-        cpu = {name: services.cpu_s(name) for name in ("processor", "actuator")}
-        cpu["agents"], cpu["machine"], began = services.agents_cpu_s(), _machine_busy_s(), time.monotonic()
+        restart = (_machine_busy_s(), time.monotonic(), _cpu_by_process(services, submit.pid))
         _wait("every instance of round 1 to start", lambda: len(_times(marks, "start-1-")) >= width, budget,
               services)
-        cpu["processor"], cpu["actuator"] = (services.cpu_s(name) - cpu[name] for name in ("processor", "actuator"))
-        cpu["agents"] = services.agents_cpu_s() - cpu["agents"]
-        cpu["machine"] = _machine_busy_s() - cpu["machine"]
-        watched_s = time.monotonic() - began
+        done = (_machine_busy_s(), time.monotonic(), _cpu_by_process(services, submit.pid))
+        steady_s, watched_s = max(restart[1] - steady[1], 1e-3), max(done[1] - restart[1], 1e-3)
+        before = {kind: spent / steady_s for kind, spent in _cpu_spent(steady[2], restart[2]).items()}
+        during = _cpu_spent(restart[2], done[2])
         peak = {name: services.peak_mib(name) for name in ("processor", "actuator")}
         try:
             code = submit.wait(budget)
@@ -271,9 +309,10 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "b
             "start_s": max(starts1.values()) - last_exit,
             "slowest_agent_s": last_per_agent[slowest] - crash,
             "fastest_agent_s": min(last_per_agent.values()) - crash,
-            "processor_cpu_s": cpu["processor"], "actuator_cpu_s": cpu["actuator"], "agents_cpu_s": cpu["agents"],
-            "machine_cpu_s": cpu["machine"], "busy_cores": cpu["machine"] / watched_s if watched_s > 0 else 0.0,
-            "busy_before_cores": steady,
+            "busy_before_cores": (restart[0] - steady[0]) / steady_s, "machine_cpu_s": done[0] - restart[0],
+            "busy_cores": (done[0] - restart[0]) / watched_s,
+            "cores_before": before, "cpu_s": during,
+            "processor_cpu_s": during["processor"], "actuator_cpu_s": during["actuator"],
             "processor_peak_mib": peak["processor"], "actuator_peak_mib": peak["actuator"],
             "messages": len(window), "commands": sum(1 for kind, _, _ in window if kind == "commands"),
         }
@@ -283,22 +322,32 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "b
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-# Two tables, each narrower than a terminal: the restart's times, then what it cost.
+# Tables narrower than a terminal: the restart's times; what it cost; by process, the
+# cores the running job kept busy before the crash and the CPU seconds of the restart.
 TIMES = (("instances", "inst", "{:d}"), ("agents", "agents", "{:d}"), ("round0_s", "round 0", "{:.2f}"),
          ("crash_to_first_s", "first", "{:.2f}"), ("crash_to_all_s", "all", "{:.2f}"),
          ("decision_s", "decide", "{:.2f}"), ("stop_s", "stop", "{:.2f}"), ("start_s", "start", "{:.2f}"),
          ("slowest_agent_s", "slow ag", "{:.2f}"))
 COSTS = (("instances", "inst", "{:d}"), ("busy_before_cores", "before", "{:.2f}"),
          ("machine_cpu_s", "all cpu", "{:.2f}"), ("busy_cores", "busy", "{:.2f}"),
-         ("agents_cpu_s", "agent cpu", "{:.2f}"), ("processor_cpu_s", "proc cpu", "{:.2f}"),
-         ("actuator_cpu_s", "act cpu", "{:.2f}"), ("processor_peak_mib", "proc MiB", "{:.0f}"),
-         ("actuator_peak_mib", "act MiB", "{:.0f}"), ("messages", "msgs", "{:d}"), ("commands", "cmds", "{:d}"))
+         ("processor_peak_mib", "proc MiB", "{:.0f}"), ("actuator_peak_mib", "act MiB", "{:.0f}"),
+         ("messages", "msgs", "{:d}"), ("commands", "cmds", "{:d}"))
+
+
+def _by_kind(key: str):
+    return (("instances", "inst", "{:d}"),
+            *((f"{key}.{kind}", kind[:9], "{:.2f}") for kind in PROCESS_KINDS))
 
 
 def _table_line(columns, row: Optional[dict] = None) -> str:
     if row is None:
         return "  ".join(f"{title:>{max(len(title), 6)}}" for _, title, _ in columns)
-    return "  ".join(f"{fmt.format(row[key]):>{max(len(title), 6)}}" for key, title, fmt in columns)
+
+    def value(key: str):
+        outer, _, inner = key.partition(".")
+        return row[outer][inner] if inner else row[outer]
+
+    return "  ".join(f"{fmt.format(value(key)):>{max(len(title), 6)}}" for key, title, fmt in columns)
 
 
 def main() -> int:
@@ -327,13 +376,16 @@ def main() -> int:
         if not row["job_succeeded"]:
             print(f"scale: the {width}-instance job did not succeed", file=sys.stderr)
     if not args.json:
-        print("\n" + _table_line(COSTS))
-        for row in rows:
-            print(_table_line(COSTS, row))
+        for title, columns in (("", COSTS), ("cores busy before the crash, by process", _by_kind("cores_before")),
+                               ("CPU seconds from the crash to all started, by process", _by_kind("cpu_s"))):
+            print(f"\n{title}" if title else "")
+            print(_table_line(columns))
+            for row in rows:
+                print(_table_line(columns, row))
     print("times in seconds: round 0 = submit -> all started; first/all = crash -> round 1 started; "
-          "decide/stop/start = the restart's stages. CPU seconds from the crash to all started: all = the "
-          "machine's, busy = cores busy on average, agents = agents and their keepers (docs/PERFORMANCE.md)",
-          file=sys.stderr)
+          "decide/stop/start = the restart's stages. before = cores busy from round 0 all started to the "
+          "crash; all cpu = the machine's CPU seconds from the crash to all started, busy = its cores busy "
+          "(docs/PERFORMANCE.md)", file=sys.stderr)
     return 0
 
 
