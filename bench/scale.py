@@ -183,7 +183,7 @@ def _cpu_by_process(services: Services, follower: int) -> dict[tuple[int, str], 
             kind = "instances" if parent in keepers else None
             parent = seen[parent][0] if parent in seen else 0
         if kind is None:
-            kind = "broker" if command.startswith(b"java") and b"kafka" in command else "other"
+            kind = "broker" if command.split(b"\0", 1)[0].endswith(b"/java") and b"kafka" in command else "other"
         spent[(pid, kind)] = own + (children if kind == "instances" else 0.0)
     return spent
 
