@@ -334,9 +334,12 @@ COSTS = (("instances", "inst", "{:d}"), ("busy_before_cores", "before", "{:.2f}"
          ("messages", "msgs", "{:d}"), ("commands", "cmds", "{:d}"))
 
 
+KIND_TITLES = {"processor": "proc", "actuator": "act"}  # as in the costs table: 76 columns in all
+
+
 def _by_kind(key: str):
     return (("instances", "inst", "{:d}"),
-            *((f"{key}.{kind}", kind[:9], "{:.2f}") for kind in PROCESS_KINDS))
+            *((f"{key}.{kind}", KIND_TITLES.get(kind, kind), "{:.2f}") for kind in PROCESS_KINDS))
 
 
 def _table_line(columns, row: Optional[dict] = None) -> str:
