@@ -122,10 +122,6 @@ class Services:
         self.procs[name] = subprocess.Popen([*TRAINWARDEN, *args], env=self.env, cwd=self.tmp, stdout=log,
                                             stderr=subprocess.STDOUT)
 
-    def cpu_s(self, name: str) -> float:
-        fields = Path(f"/proc/{self.procs[name].pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
     def peak_mib(self, name: str) -> float:
         for line in Path(f"/proc/{self.procs[name].pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -312,7 +308,6 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "b
             "busy_before_cores": (restart[0] - steady[0]) / steady_s, "machine_cpu_s": done[0] - restart[0],
             "busy_cores": (done[0] - restart[0]) / watched_s,
             "cores_before": before, "cpu_s": during,
-            "processor_cpu_s": during["processor"], "actuator_cpu_s": during["actuator"],
             "processor_peak_mib": peak["processor"], "actuator_peak_mib": peak["actuator"],
             "messages": len(window), "commands": sum(1 for kind, _, _ in window if kind == "commands"),
         }
