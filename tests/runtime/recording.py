@@ -9,8 +9,9 @@ class RecordingOutput:
     def on_started(self, event):
         self.started.append(event)
 
-    def on_lines(self, running, lines):
-        self.lines.extend(map(self._lines_as, lines))
+    def on_lines(self, batches):
+        for _running, lines in batches:
+            self.lines.extend(map(self._lines_as, lines))
 
     def on_exited(self, event):
         self.exited.append(event)

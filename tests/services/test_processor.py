@@ -251,3 +251,25 @@ def test_events_read_in_the_same_batch_as_the_end_of_a_replay_are_taken_after_it
     _drain(processor)
     assert processor.counters.unknown_job == 0
     assert [d.kind for d in _decisions(bus)] == [DecisionKind.START_JOB, DecisionKind.COMPLETE_JOB]
+
+
+def test_each_part_of_a_nodes_log_batch_counts_only_for_the_incarnations_that_node_runs():
+    from trainwarden.bus.messages import LogPart, NodeLogBatch
+
+    bus = _bus()
+    producer = bus.producer()
+    producer.send(EVENTS, "j1", encode(JobSubmitted(job_id="j1", time=T0, framework="pytorch", args="",
+                                                    instances=instance_specs([("worker", 2)]))))
+    for name, node in (("worker-0", "n"), ("worker-1", "m")):
+        producer.send(EVENTS, "j1", encode(InstanceStarted(job_id="j1", time=T0, instance=name, round=0, start=0,
+                                                           node=node)))
+    processor = Processor(bus, load_rules())
+    _drain(processor)
+    parts = tuple(LogPart(instance=name, round=0, start=0, lines=(Line(T0 + 1, Stream.STDOUT, f"{name} on n"),
+                                                                  Line(T0 + 2, Stream.STDOUT, "again")))
+                  for name in ("worker-0", "worker-1"))
+    producer.send(LOGS, "j1", encode(NodeLogBatch(job_id="j1", node="n", parts=parts)))
+    _drain(processor)
+    instances = processor.jobs["j1"].instances
+    assert list(instances["worker-0"].tail) == ["worker-0 on n", "again"] and not instances["worker-1"].tail
+    assert (processor.counters.log_lines, processor.counters.lines_from_other_nodes) == (2, 2)

@@ -20,7 +20,9 @@ class Line(msgspec.Struct, frozen=True, array_like=True):
 
 
 class LogBatch(msgspec.Struct, frozen=True, tag="log_batch"):
-    """Output lines of one instance incarnation, in order (from an agent)."""
+    """Output lines of one instance incarnation, in order: what agents
+    shipped before ``node_log_batch``, still taken (processors are upgraded
+    before agents)."""
 
     job_id: str
     node: str
@@ -28,6 +30,26 @@ class LogBatch(msgspec.Struct, frozen=True, tag="log_batch"):
     round: int
     start: int
     lines: tuple[Line, ...]
+
+
+class LogPart(msgspec.Struct, frozen=True):
+    """Output lines of one instance incarnation, in order: a part of a ``NodeLogBatch``."""
+
+    instance: str
+    round: int
+    start: int
+    lines: tuple[Line, ...]
+
+
+class NodeLogBatch(msgspec.Struct, frozen=True, tag="node_log_batch"):
+    """Output lines of one job's incarnations on one node, shipped in one
+    turn (from an agent): one message per job and turn, not one per
+    instance, whose per-message cost dominated an agent's and the broker's
+    at a thousand instances (docs/PERFORMANCE.md)."""
+
+    job_id: str
+    node: str
+    parts: tuple[LogPart, ...]
 
 
 class WireLogLine(msgspec.Struct, frozen=True, tag="log_line"):

@@ -19,6 +19,7 @@ from trainwarden.bus.messages import (
     Heartbeat,
     LogBatch,
     MarketQuote,
+    NodeLogBatch,
     NodeState,
     Recorded,
     StackDumps,
@@ -51,7 +52,7 @@ SIGNED_PREFIX = b'{"tw_signed":1,'
 
 EventMessage = Union[JobSubmitted, InstanceStarted, InstanceExited, SdkMessage, InstanceActivity, NodeLost, Diagnosis,
                      Preempted, DecisionRecord, MarketUpdate]
-LogMessage = Union[LogBatch, WireLogLine]
+LogMessage = Union[NodeLogBatch, LogBatch, WireLogLine]
 CommandMessage = Union[StartInstance, StopInstances, ExpectTasks]
 ActuatorStateMessage = Union[ActionIntent, ActionDone, NodeState, StackReportReady]
 NodeMessage = Union[Heartbeat, StackDumps]

@@ -143,7 +143,9 @@ class HostOutput(Protocol):
     """Where a node host that follows the output hands it."""
 
     def on_started(self, event: InstanceStarted) -> None: ...
-    def on_lines(self, running: Running, lines: list[LogLine]) -> None: ...
+    def on_lines(self, batches: list[tuple[Running, list[LogLine]]]) -> None:
+        """Every incarnation's lines of one turn at once (so that a node
+        ships one message per job, not one per instance), each list in order."""
     def on_exited(self, event: InstanceExited) -> None:
         """With the incarnation's last lines as its tail."""
 
@@ -523,12 +525,17 @@ class NodeHost:
     def _ship(self, running: Running) -> None:
         if running.batch:
             lines, running.batch = running.batch, []
-            self.output.on_lines(running, lines)
+            self.output.on_lines([(running, lines)])
 
     def ship(self) -> None:
-        """Every incarnation's lines not yet handed out; the files flushed."""
+        """Every incarnation's lines not yet handed out, in one hand-over; the files flushed."""
+        batches = []
         for running in [*self.running.values(), *self.retiring.values()]:
-            self._ship(running)
+            if running.batch:
+                batches.append((running, running.batch))
+                running.batch = []
+        if batches:
+            self.output.on_lines(batches)
         if self.files is not None:
             self.files.flush()
 

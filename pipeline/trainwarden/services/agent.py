@@ -3,7 +3,7 @@
 Executes start/stop commands addressed to its node through its node host
 (runtime/nodehost.py: the same starts, stops and stack dumps as ``trainwarden
 run``), and ships what the host hands out: output lines in batches to the
-logs topic (the host writes the files Vector ships), starts, exits with their
+logs topic, one message per job and turn (the host writes the files Vector ships), starts, exits with their
 last lines, stack dumps, and SDK messages to the events topic, plus a
 heartbeat and per-job activity every second. Processes another engine
 started on this node come in through the adopters it is given
@@ -28,7 +28,8 @@ from trainwarden.bus.messages import (
     ExpectTasks,
     Heartbeat,
     Line,
-    LogBatch,
+    LogPart,
+    NodeLogBatch,
     RunningInstance,
     StackDumps,
     StartInstance,
@@ -65,6 +66,10 @@ LINE_LINGER_S = 0.05
 # the job's stop_grace_s: the whole agent must be gone within 5 s of its own
 # SIGTERM, closing its consumers and producer included.
 STOP_GRACE_S = 2.0
+# A job's lines of one turn go in one message up to about this much text
+# (then more messages, in order): far under the bus's request and decoding
+# bounds (bus/kafka.py, bus/serde.py), a part of one incarnation never split.
+SHIP_CHARS = 512 * 1024
 
 _log = logging.getLogger("trainwarden.agent")
 
@@ -291,12 +296,18 @@ class Agent:
     def on_started(self, event: InstanceStarted) -> None:
         self.producer.send(EVENTS, event.job_id, encode(event))
 
-    def on_lines(self, running: Running, lines: list[LogLine]) -> None:
+    def on_lines(self, batches: list[tuple[Running, list[LogLine]]]) -> None:
         if not self.ship_logs:
             return
-        self.producer.send(LOGS, running.job_id, encode(LogBatch(
-            job_id=running.job_id, node=self.node, instance=running.instance, round=running.round,
-            start=running.start, lines=tuple(Line(line.time, line.stream, line.text) for line in lines))))
+        by_job: dict[str, list[tuple[LogPart, int]]] = collections.defaultdict(list)
+        for running, lines in batches:
+            part = LogPart(instance=running.instance, round=running.round, start=running.start,
+                           lines=tuple(Line(line.time, line.stream, line.text) for line in lines))
+            by_job[running.job_id].append((part, sum(len(line.text) for line in lines)))
+        for job_id, parts in by_job.items():
+            # Keyed by job as before: one partition, the job's lines in order.
+            for chunk in _chunks(parts, SHIP_CHARS):
+                self.producer.send(LOGS, job_id, encode(NodeLogBatch(job_id=job_id, node=self.node, parts=chunk)))
 
     def on_exited(self, event: InstanceExited) -> None:
         self.producer.send(EVENTS, event.job_id, encode(event))
@@ -403,6 +414,22 @@ class Agent:
     def _dead_letter(self, record: Message, error: str) -> None:
         self.counters.dead_letters += 1
         self.producer.send(DEAD_LETTERS, f"agent-{self.node}", dead_letter(record, f"agent-{self.node}", error, self.clock()))
+
+
+def _chunks(parts: list[tuple[LogPart, int]], most_chars: int) -> list[tuple[LogPart, ...]]:
+    """Parts (with their text's length) in order, grouped up to ``most_chars`` a group."""
+    chunks: list[tuple[LogPart, ...]] = []
+    chunk: list[LogPart] = []
+    size = 0
+    for part, chars in parts:
+        if chunk and size + chars > most_chars:
+            chunks.append(tuple(chunk))
+            chunk, size = [], 0
+        chunk.append(part)
+        size += chars
+    if chunk:
+        chunks.append(tuple(chunk))
+    return chunks
 
 
 def _own_address() -> str:

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 from trainwarden.actuator import wants_stack_report
 from trainwarden.bus import ACTUATOR_STATE, DECISIONS, EVENTS, LOGS, Bus
-from trainwarden.bus.messages import LogBatch, StackReportReady, WireLogLine
+from trainwarden.bus.messages import LogBatch, NodeLogBatch, StackReportReady, WireLogLine
 from trainwarden.bus.serde import DecodeError, decode, encode
 from trainwarden.clock import now as clock_now
 from trainwarden.events import Decision, DecisionKind, JobSubmitted, LogLine, SpotBid
@@ -106,6 +106,10 @@ def _lines(message) -> list[LogLine]:
     if isinstance(message, LogBatch):
         return [LogLine(job_id=message.job_id, time=line.time, instance=message.instance, round=message.round,
                         start=message.start, text=line.text, stream=line.stream) for line in message.lines]
+    if isinstance(message, NodeLogBatch):
+        return [LogLine(job_id=message.job_id, time=line.time, instance=part.instance, round=part.round,
+                        start=part.start, text=line.text, stream=line.stream)
+                for part in message.parts for line in part.lines]
     return []
 
 

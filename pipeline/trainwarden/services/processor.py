@@ -22,7 +22,7 @@ import logging
 from typing import Callable, Optional
 
 from trainwarden.bus import DEAD_LETTERS, DECISIONS, EVENTS, LOGS, PREFIX, Bus, Message
-from trainwarden.bus.messages import DecisionRecord, LogBatch, Recorded, WireLogLine
+from trainwarden.bus.messages import DecisionRecord, LogBatch, NodeLogBatch, Recorded, WireLogLine
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
 from trainwarden.clock import now as clock_now
 from trainwarden.engine import JobState, rebase_times, replay_decision, start_job
@@ -246,24 +246,29 @@ class Processor:
             return  # exits carry their own tails; lines of an unknown job add nothing
         if isinstance(message, WireLogLine):
             # Vector's time is not the reporting agent's clock: nothing to compare it with.
-            lines = [(None, message.stream, message.text)]
+            parts = [(message.instance, message.round, message.start, [(None, message.stream, message.text)])]
+        elif isinstance(message, LogBatch):
+            parts = [(message.instance, message.round, message.start,
+                      [(line.time, line.stream, line.text) for line in message.lines])]
         else:
-            assert isinstance(message, LogBatch)
-            lines = [(line.time, line.stream, line.text) for line in message.lines]
-        if not _from_its_node(state, message):
-            self.counters.lines_from_other_nodes += len(lines)
-            return
+            assert isinstance(message, NodeLogBatch)
+            parts = [(part.instance, part.round, part.start, [(line.time, line.stream, line.text) for line in part.lines])
+                     for part in message.parts]
         # Dated by their arrival here, not by the agent's (or Vector's) clock:
         # silence is judged on this process's clock alone (engine/core.py).
         # The agent's time goes along only to be compared with its own reports.
         arrived = self.clock()
-        for said, stream, text in lines:
-            self.counters.log_lines += 1
-            event = LogLine(job_id=message.job_id, time=arrived, instance=message.instance, round=message.round,
-                            start=message.start, text=text, stream=stream, said=said)
-            taken = self._take(state, event, arrived, message.node, True)
-            state = taken.state
-            self._publish(taken.decisions, record.partition)
+        for instance, round_, start, lines in parts:
+            if not _from_its_node(state, instance, round_, start, message.node):
+                self.counters.lines_from_other_nodes += len(lines)
+                continue
+            for said, stream, text in lines:
+                self.counters.log_lines += 1
+                event = LogLine(job_id=message.job_id, time=arrived, instance=instance, round=round_,
+                                start=start, text=text, stream=stream, said=said)
+                taken = self._take(state, event, arrived, message.node, True)
+                state = taken.state
+                self._publish(taken.decisions, record.partition)
 
     # ---------------------------------------------------------------- replay
 
@@ -327,13 +332,13 @@ class Processor:
         self.producer.send(DEAD_LETTERS, "processor", dead_letter(record, "processor", error, self.clock()))
 
 
-def _from_its_node(state: JobState, message) -> bool:
+def _from_its_node(state: JobState, instance: str, round_: int, start: int, node: str) -> bool:
     """A line counts for an incarnation only from the node the engine knows
     runs it (its InstanceStarted's): no agent, and no Vector of another node,
     keeps someone else's instance alive. Lines of an incarnation not yet
     known to have started, or no longer current, are left to the engine."""
-    inst = state.instances.get(message.instance)
+    inst = state.instances.get(instance)
     if (inst is None or inst.status is InstanceStatus.PENDING  # its node is still the previous incarnation's
-            or (message.round, message.start) != (state.round, inst.start)):
+            or (round_, start) != (state.round, inst.start)):
         return True
-    return inst.node == message.node
+    return inst.node == node
