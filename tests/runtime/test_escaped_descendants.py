@@ -59,3 +59,65 @@ def test_a_child_that_left_the_group_of_a_stopped_instance_is_gone_when_the_stop
         wait_for_value(lambda: not alive(escaped), 2, "the escaped child's end")
     finally:
         runtime.close(0.5)
+
+
+def test_escaped_children_of_instances_ending_one_after_another_are_swept_together_and_all_killed(
+        tmp_path, monkeypatch):
+    """A pass over /proc at most every SWEEP_SPACING_S, not one per reaping
+    turn: the first exit's at once, the others' together; every escaped child ends."""
+    from trainwarden.runtime import local
+
+    monkeypatch.setattr(local, "SWEEP_SPACING_S", 3.0)  # far longer than the exits' spread
+    events: list = []
+    runtime = LocalRuntime("job", events.append, "n1")
+    passes = []
+    real = local.kill_incarnations
+
+    def counting(marks):
+        marks = list(marks)
+        passes.append(len(marks))
+        return real(marks)
+
+    local.kill_incarnations = counting
+    program = tmp_path / "escape.py"
+    program.write_text(PROGRAM)
+    try:
+        for rank in range(6):  # they end 0.05 s apart, over several reaping turns
+            pidfile = tmp_path / f"escaped-{rank}.pid"
+            runtime.start(f"worker-{rank}", [sys.executable, str(program), str(pidfile), str(2.0 + 0.05 * rank)],
+                          dict(os.environ), None, 0, 0)
+        escaped = [int(wait_for_value(lambda r=rank: (tmp_path / f"escaped-{r}.pid").exists()
+                                      and (tmp_path / f"escaped-{r}.pid").read_text(), 20, "an escaped child"))
+                   for rank in range(6)]
+        wait_for_value(lambda: sum(isinstance(e, InstanceExited) for e in events) == 6, 30, "every exit")
+        wait_for_value(lambda: not any(alive(pid) for pid in escaped), 10, "every escaped child's end")
+        assert runtime.counters.escaped_processes_killed == 6
+        assert passes == [1, 5], passes
+    finally:
+        local.kill_incarnations = real
+        runtime.close(0.5)
+
+
+def test_a_start_sweeps_the_escaped_children_still_waiting_for_their_sweep_first(tmp_path, monkeypatch):
+    from trainwarden.runtime import local
+
+    monkeypatch.setattr(local, "SWEEP_SPACING_S", 60.0)
+    events: list = []
+    runtime = LocalRuntime("job", events.append, "n1")
+    program = tmp_path / "escape.py"
+    program.write_text(PROGRAM)
+    try:
+        for rank, life in ((0, 0.5), (1, 1.5)):
+            runtime.start(f"worker-{rank}", [sys.executable, str(program), str(tmp_path / f"e{rank}.pid"), str(life)],
+                          dict(os.environ), None, 0, 0)
+        first, second = (int(wait_for_value(lambda r=rank: (tmp_path / f"e{r}.pid").exists()
+                                            and (tmp_path / f"e{r}.pid").read_text(), 20, "an escaped child"))
+                         for rank in (0, 1))
+        wait_for_value(lambda: sum(isinstance(e, InstanceExited) for e in events) == 2, 30, "both exits")
+        wait_for_value(lambda: not alive(first), 5, "the first escaped child's end (swept at once)")
+        assert alive(second)  # its sweep waits for the spacing
+        runtime.start("worker-1", [sys.executable, "-c", "pass"], dict(os.environ), None, 1, 1)
+        wait_for_value(lambda: not alive(second), 2, "the second escaped child's end")
+        assert runtime.counters.escaped_processes_killed == 2
+    finally:
+        runtime.close(0.5)

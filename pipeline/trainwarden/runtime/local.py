@@ -36,6 +36,12 @@ from trainwarden.runtime.stopping import signal_group
 
 MAX_LINE_BYTES = 16 * 1024
 POLL_S = 0.05
+# Passes over /proc for the escaped descendants of instances that ended by
+# themselves come at most this often; the exits come in meanwhile are swept
+# together. A pass reads every process's environment on the machine (25 ms at
+# 1,100 processes): one per reaping turn took a quarter of an agent's CPU
+# while a 1,024-wide job's instances ended one after another (bench/scale.py).
+SWEEP_SPACING_S = 0.25
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 TRUNCATED = " …[line truncated]"
 # Exit code of an instance that the supervisor could not start for want of
@@ -108,6 +114,10 @@ class LocalRuntime:
         os.set_blocking(self._wake_r, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._to_register: list[_Proc] = []
+        # Marks of incarnations that ended by themselves whose escaped
+        # descendants are still to be swept, and when the next sweep may come.
+        self._unswept: list[str] = []
+        self._next_sweep = 0.0
         self._linger_s = linger_s
         self._closed = False
         # Each incarnation's environment carries MARK_VARIABLE=<runtime>-<n>:
@@ -129,6 +139,8 @@ class LocalRuntime:
         """``keep``: what a new run of the agent needs to take the instance
         back (the node host's); with it, and when the keeper starts this
         process's instances, the keeper starts it (runtime/keeper_lease.py)."""
+        if self._unswept:
+            self._sweep([])  # no incarnation starts beside the escapees of one that ended by itself
         mark = f"{self._mark}-{next(self._starts)}"
         env = {**env, MARK_VARIABLE: mark}
         if self.run_as is not None:
@@ -262,7 +274,7 @@ class LocalRuntime:
                 signal_group(proc.popen.pid, signal.SIGKILL)
         for proc in procs:
             proc.gone.wait(10.0)
-        self.counters.escaped_processes_killed += kill_incarnations(proc.mark for proc in procs)
+        self._sweep([proc.mark for proc in procs])
 
     def kill(self, names: Sequence[str]) -> None:
         """SIGKILL the instances now (no grace) and return once they are gone."""
@@ -273,7 +285,7 @@ class LocalRuntime:
             signal_group(proc.popen.pid, signal.SIGKILL)
         for proc in procs:
             proc.gone.wait(10.0)
-        self.counters.escaped_processes_killed += kill_incarnations(proc.mark for proc in procs)
+        self._sweep([proc.mark for proc in procs])
 
     def kill_all(self) -> None:
         """SIGKILL every instance now, without waiting (a second interrupt)."""
@@ -282,7 +294,7 @@ class LocalRuntime:
         for proc in procs:
             proc.stopping = True
             signal_group(proc.popen.pid, signal.SIGKILL)
-        kill_incarnations(proc.mark for proc in procs)
+        self._sweep([proc.mark for proc in procs])
 
     def stop_all(self, grace_s: float) -> None:
         self.stop(self.running(), grace_s)
@@ -427,16 +439,17 @@ class LocalRuntime:
             # including those that started a session of their own.
             signal_group(proc.popen.pid, signal.SIGKILL)
             ended.append((proc, code))
-        if not ended:
-            return
-        # One pass over /proc for every instance that ended by itself in this
-        # turn (one pass each was quadratic). Stopped ones are left to their
-        # stop, which makes one pass for all of them once they are gone: a
-        # stopped round's exits come over several turns, and a pass reads
-        # every process's environment on the machine (bench/scale.py: a
-        # third of an agent's CPU in a 1,024-wide restart).
-        self.counters.escaped_processes_killed += kill_incarnations(proc.mark for proc, _ in ended
-                                                                    if not proc.stopping)
+        # Stopped ones are left to their stop, which makes one pass for all of
+        # them once they are gone (a stopped round's exits come over several
+        # turns). Those that ended by themselves are swept together, the first
+        # after a quiet spell at once, the rest within SWEEP_SPACING_S: their
+        # exits are handed out meanwhile, but any stop or close of this job
+        # sweeps what is left before it returns, so an incarnation that
+        # follows on this node never starts beside them.
+        with self._lock:
+            self._unswept.extend(proc.mark for proc, _ in ended if not proc.stopping)
+        if self._unswept and time.monotonic() >= self._next_sweep:
+            self._sweep([])
         for proc, code in ended:
             self._keeper.forget(proc.popen.pid)
             if isinstance(proc.popen, KeptProcess):
@@ -448,6 +461,15 @@ class LocalRuntime:
                 if self._procs.get(proc.name) is proc:
                     del self._procs[proc.name]
             proc.gone.set()
+
+
+    def _sweep(self, marks: list[str]) -> None:
+        """One pass over /proc for these incarnations and those not swept yet."""
+        with self._lock:
+            marks, self._unswept = [*marks, *self._unswept], []
+        if marks:
+            self.counters.escaped_processes_killed += kill_incarnations(marks)
+            self._next_sweep = time.monotonic() + SWEEP_SPACING_S
 
 
 _SETPRIV = shutil.which("setpriv")
