@@ -100,7 +100,12 @@ class Bus(Protocol):
     def producer(self) -> Producer: ...
 
     def consumer(self, topics: Sequence[str], group: Optional[str], from_beginning: bool = False,
-                 on_assign: Optional[Callable[[list[tuple[str, int]]], None]] = None) -> Consumer: ...
+                 on_assign: Optional[Callable[[list[tuple[str, int]]], None]] = None,
+                 fetch_wait_s: Optional[float] = None) -> Consumer:
+        """``fetch_wait_s``: how long one fetch waits at the broker while
+        nothing comes (None: the bus's default). Data ends the wait at once,
+        so this sets only how often an idle consumer asks: a consumer that is
+        idle most of the time and many (the agents' commands) asks rarely."""
 
     def create_topics(self, specs: Sequence[TopicSpec]) -> list[str]: ...
 

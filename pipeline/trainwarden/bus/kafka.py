@@ -28,6 +28,11 @@ from trainwarden.bus.base import BusError, Message, TopicSpec
 from trainwarden.bus.kafka_security import KafkaSecurity, source
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+# How long a fetch waits at the broker while nothing comes (Kafka's default is
+# 500 ms). Data ends the wait at once, whatever this is; what it sets is how
+# soon a fetch for partitions newly assigned (a takeover) can go out behind
+# one waiting, and how often an idle consumer asks: ten times a second here.
+FETCH_WAIT_MS = 100
 # A partition's messages go in batches of up to this size (the client's
 # default is 16 KiB): a 1,024-wide restart's start commands, about 1.5 KiB
 # each, took 1.5 s to reach the broker in 16 KiB batches, five in flight.
@@ -214,15 +219,19 @@ class KafkaBus:
         return KafkaProducerAdapter(producer, kafka.errors, self._who())
 
     def consumer(self, topics: Sequence[str], group: Optional[str], from_beginning: bool = False,
-                 on_assign: Optional[Callable[[list[tuple[str, int]]], None]] = None) -> "KafkaConsumerAdapter":
+                 on_assign: Optional[Callable[[list[tuple[str, int]]], None]] = None,
+                 fetch_wait_s: Optional[float] = None) -> "KafkaConsumerAdapter":
         kafka = _kafka()
         adapter = KafkaConsumerAdapter(None, kafka, on_assign, self._who())
-        adapter._consumer = self._open_consumer(kafka, topics, group, from_beginning, adapter)
+        wait_ms = FETCH_WAIT_MS if fetch_wait_s is None else max(1, round(fetch_wait_s * 1000))
+        adapter._consumer = self._open_consumer(kafka, topics, group, from_beginning, adapter, wait_ms)
         if group is not None:
-            adapter._refused_session = lambda: self._refused_session(kafka, topics, group, from_beginning, adapter)
+            adapter._refused_session = lambda: self._refused_session(kafka, topics, group, from_beginning, adapter,
+                                                                     wait_ms)
         return adapter
 
-    def _open_consumer(self, kafka, topics: Sequence[str], group: Optional[str], from_beginning: bool, adapter):
+    def _open_consumer(self, kafka, topics: Sequence[str], group: Optional[str], from_beginning: bool, adapter,
+                       wait_ms: int):
         try:
             consumer = kafka.KafkaConsumer(
                 **self._options(), group_id=group,
@@ -230,9 +239,7 @@ class KafkaBus:
                 max_partition_fetch_bytes=MAX_REQUEST_BYTES, fetch_max_bytes=4 * MAX_REQUEST_BYTES,
                 session_timeout_ms=self.session_ms, heartbeat_interval_ms=heartbeat_interval_ms(self.session_ms),
                 max_poll_interval_ms=300000, request_timeout_ms=30500,
-                # A fetch waits at most this long for data: the bound on how
-                # late a decision can be picked up at each hop (default 500 ms).
-                fetch_max_wait_ms=100,
+                fetch_max_wait_ms=wait_ms,
             )
         except kafka.errors.KafkaError as exc:
             raise BusError(f"Kafka at {self.bootstrap} cannot be reached: {exc}.", hint=UNREACHABLE_HINT) from None
@@ -266,7 +273,8 @@ class KafkaBus:
             consumer.subscribe(list(topics), listener=adapter.listener())
         return consumer
 
-    def _refused_session(self, kafka, topics: Sequence[str], group: str, from_beginning: bool, adapter):
+    def _refused_session(self, kafka, topics: Sequence[str], group: str, from_beginning: bool, adapter,
+                         wait_ms: int):
         """The broker refused to join the group with our session timeout (its
         group.min.session.timeout.ms is higher): the default falls back to a
         stock broker's minimum, said once; an operator's choice is an error."""
@@ -279,13 +287,13 @@ class KafkaBus:
                                 f"or set {SESSION_ENV} to at least its value ({STOCK_MIN_SESSION_MS} on a stock "
                                 "broker)")
         if self.session_ms == STOCK_MIN_SESSION_MS:  # said once per bus, for its first consumer refused
-            return self._open_consumer(kafka, topics, group, from_beginning, adapter)
+            return self._open_consumer(kafka, topics, group, from_beginning, adapter, wait_ms)
         self.session_ms = STOCK_MIN_SESSION_MS
         _log.warning("Kafka at %s refuses consumer sessions of %d ms: using %d ms, so a killed processor or actuator "
                      "is replaced only after about %d s. Fix: set group.min.session.timeout.ms=1000 on the broker "
                      "(docs/OPERATIONS.md, Takeover)", self.bootstrap, refused, self.session_ms,
                      self.session_ms // 1000)
-        return self._open_consumer(kafka, topics, group, from_beginning, adapter)
+        return self._open_consumer(kafka, topics, group, from_beginning, adapter, wait_ms)
 
     def _who(self) -> str:
         return f"user {self.security.username}" if self.security.sasl else "this client"
@@ -311,12 +319,18 @@ class KafkaProducerAdapter:
         # broker): the sender thread records them, the next flush raises.
         self._failed: list[BusError] = []
         self._lock = threading.Lock()
+        # Sent since the last flush began. A flush with nothing to wait for
+        # still wakes the sender thread: an agent's loop flushes 20 times a
+        # second and sends in 5 of them (a third of an idle agent's CPU).
+        self._unflushed = False
 
     def send(self, topic: str, key: str, value: bytes) -> None:
         try:
             future = self._producer.send(topic, key=key.encode("utf-8"), value=value)
         except self._errors.KafkaError as exc:
             raise _refused(self._errors, exc, self._who, "write to", topic) from None
+        # Set after the send: a flush that began before it still sees the flag.
+        self._unflushed = True
         future.add_errback(self._record_failure, topic)
 
     def _record_failure(self, topic: str, exc: Exception) -> None:
@@ -324,10 +338,14 @@ class KafkaProducerAdapter:
             self._failed.append(_refused(self._errors, exc, self._who, "write to", topic))
 
     def flush(self, timeout_s: float = 30.0) -> None:
-        try:
-            self._producer.flush(timeout=timeout_s)
-        except self._errors.KafkaError as exc:
-            raise BusError(f"Kafka did not acknowledge the messages in {timeout_s:.0f} s: {exc}.") from None
+        if self._unflushed:
+            # Cleared first: a send from another thread meanwhile sets it again, for the next flush.
+            self._unflushed = False
+            try:
+                self._producer.flush(timeout=timeout_s)
+            except self._errors.KafkaError as exc:
+                self._unflushed = True
+                raise BusError(f"Kafka did not acknowledge the messages in {timeout_s:.0f} s: {exc}.") from None
         with self._lock:
             failed, self._failed = self._failed, []
         if failed:

@@ -52,7 +52,9 @@ class MemoryBus:
         return MemoryProducer(self)
 
     def consumer(self, topics: Sequence[str], group: Optional[str], from_beginning: bool = False,
-                 on_assign: Optional[Callable[[list[tuple[str, int]]], None]] = None) -> "MemoryConsumer":
+                 on_assign: Optional[Callable[[list[tuple[str, int]]], None]] = None,
+                 fetch_wait_s: Optional[float] = None) -> "MemoryConsumer":
+        # No fetches in memory: a poll is woken by a send (fetch_wait_s is moot).
         consumer = MemoryConsumer(self, list(topics), group, from_beginning, on_assign)
         with self._cond:
             for topic in topics:

@@ -387,8 +387,9 @@ class SigningBus:
         return SigningProducer(self.inner.producer(), self.config.keyring, self.clock)
 
     def consumer(self, topics: Sequence[str], group: Optional[str], from_beginning: bool = False,
-                 on_assign: Optional[Callable[[list[tuple[str, int]]], None]] = None) -> "SigningConsumer":
-        return SigningConsumer(self, topics, group, from_beginning, on_assign)
+                 on_assign: Optional[Callable[[list[tuple[str, int]]], None]] = None,
+                 fetch_wait_s: Optional[float] = None) -> "SigningConsumer":
+        return SigningConsumer(self, topics, group, from_beginning, on_assign, fetch_wait_s)
 
     def create_topics(self, specs: Sequence[TopicSpec]) -> list[str]:
         return self.inner.create_topics(specs)
@@ -420,7 +421,7 @@ class SigningProducer:
 
 class SigningConsumer:
     def __init__(self, bus: SigningBus, topics: Sequence[str], group: Optional[str], from_beginning: bool,
-                 on_assign: Optional[Callable[[list[tuple[str, int]]], None]]):
+                 on_assign: Optional[Callable[[list[tuple[str, int]]], None]], fetch_wait_s: Optional[float] = None):
         self._bus = bus
         self._verifier = Verifier(bus.config)
         # Partition -> its end offset when assigned (below it: backlog), and
@@ -444,7 +445,8 @@ class SigningConsumer:
             if on_assign is not None:
                 on_assign(partitions)
 
-        self._inner = bus.inner.consumer(topics, group, from_beginning=from_beginning, on_assign=assigned)
+        self._inner = bus.inner.consumer(topics, group, from_beginning=from_beginning, on_assign=assigned,
+                                         fetch_wait_s=fetch_wait_s)
 
     def poll(self, timeout_s: float, max_records: int = 500) -> list[Message]:
         records = self._inner.poll(timeout_s, max_records)

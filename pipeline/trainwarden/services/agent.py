@@ -66,6 +66,7 @@ LINE_LINGER_S = 0.05
 # the job's stop_grace_s: the whole agent must be gone within 5 s of its own
 # SIGTERM, closing its consumers and producer included.
 STOP_GRACE_S = 2.0
+COMMAND_FETCH_WAIT_S = 0.5
 # A job's lines of one turn go in one message up to about this much text
 # (then more messages, in order): far under the bus's request and decoding
 # bounds (bus/kafka.py, bus/serde.py), a part of one incarnation never split.
@@ -146,7 +147,11 @@ class Agent:
             finally:
                 listener.close()  # the keeper holds it
         self.producer = bus.producer()
-        self.consumer = bus.consumer([COMMANDS], f"{PREFIX}-agent-{node}", from_beginning=False)
+        # Idle most of the time, and one per node: each fetch waiting half a
+        # second asks the broker 2 times a second, not 10 (a command ends the
+        # wait at once), which was most of an idle agent's CPU (docs/PERFORMANCE.md).
+        self.consumer = bus.consumer([COMMANDS], f"{PREFIX}-agent-{node}", from_beginning=False,
+                                     fetch_wait_s=COMMAND_FETCH_WAIT_S)
         self._next_batch = self._next_report = 0.0
         self.c4d = open_channel(c4d_socket, c4d_log, self._c4d_line, self._c4d_refused, self.control)
         # Where the commands topic ended when this run of the agent could

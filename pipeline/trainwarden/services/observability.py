@@ -269,8 +269,9 @@ class ObservedBus:
         self._bus = bus
         self._observer = observer
 
-    def consumer(self, topics, group, from_beginning: bool = False, on_assign=None):
-        inner = self._bus.consumer(topics, group, from_beginning=from_beginning, on_assign=on_assign)
+    def consumer(self, topics, group, from_beginning: bool = False, on_assign=None, fetch_wait_s=None):
+        inner = self._bus.consumer(topics, group, from_beginning=from_beginning, on_assign=on_assign,
+                                   fetch_wait_s=fetch_wait_s)
         if group is None:
             return inner
         tracker = self._observer.lags.setdefault(group, LagTracker())
