@@ -23,11 +23,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from trainwarden.clock import now
 from trainwarden.events import Event, InstanceExited, InstanceStarted, LogLine, Stream
-from trainwarden.runtime.keeper import MARK_VARIABLE, environment_mark
+from trainwarden.runtime.escapees import kill_incarnations
+from trainwarden.runtime.keeper import MARK_VARIABLE
 from trainwarden.runtime.keeper_lease import KeeperLease, KeeperUnavailable, KeptInstance, KeptProcess
 from trainwarden.runtime.run_as import RunAs
 from trainwarden.runtime.standby import python_invocation
@@ -508,43 +509,6 @@ def with_parent_death_signal(argv: list[str]) -> list[str]:
 
 def kill_incarnation(mark: str) -> int:
     return kill_incarnations((mark,))
-
-
-def kill_incarnations(marks: Iterable[str]) -> int:
-    """SIGKILL every process still carrying one of these incarnations' marks
-    in its environment: descendants that left the process group (setsid,
-    daemons). One pass over /proc, whatever the number of marks."""
-    wanted = {environment_mark(mark) for mark in marks if mark}
-    if not wanted:
-        return 0
-    variable = environment_mark("")
-    killed = 0
-    own = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == own:
-            continue
-        try:
-            environ = _read_whole(f"/proc/{name}/environ")
-            if variable not in environ:
-                continue
-            if any(item in wanted for item in environ.split(b"\0") if item.startswith(variable)):
-                os.kill(int(name), signal.SIGKILL)
-                killed += 1
-        except (OSError, ValueError):
-            continue
-    return killed
-
-
-def _read_whole(path: str) -> bytes:
-    """A /proc file whole, with plain system calls (a pass reads one per process on the machine)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def _drain_wake(fd: int) -> None:
