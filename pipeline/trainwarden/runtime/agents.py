@@ -9,6 +9,7 @@ events (runtime/base.py), which the actuator carries out.
 
 from __future__ import annotations
 
+import collections
 from typing import Callable, Mapping, Optional, Sequence
 
 from trainwarden.bus.messages import StartInstance, StopInstances
@@ -55,6 +56,15 @@ class ClusterJob(Outbox):
         self.rank0 = min(self.specs.values(), key=lambda s: s.rank).name if self.specs else ""
         self.incarnation: dict[str, tuple[int, int]] = {}
         self.nodes_used: set[str] = set()  # every node an instance of the job ran on: told when it ends
+        # Where each instance was last sent: its next incarnation goes back
+        # there if that node can take it (its files, caches and directories
+        # are there; a 1,024-wide restart otherwise moved nearly every instance).
+        self.last_node: dict[str, str] = {}
+        # Instances stopped and not placed again yet, by the node they left,
+        # and how many per node: an instance that cannot go back to its own
+        # leaves the others' slots to them.
+        self.returning: dict[str, str] = {}
+        self.held: collections.Counter = collections.Counter()
         self.waiting: list[tuple[str, int, int]] = []  # starts waiting for a free slot
 
     def wait_for_capacity(self, name: str, round_: int, start: int) -> None:
@@ -77,6 +87,11 @@ class ClusterJob(Outbox):
         self.waiting = [w for w in self.waiting if w[0] not in names]
         known = {**self.incarnation, **(incarnations or {})}
         by_node = self.cluster.release(self.job_id, list(names))
+        for node, released in by_node.items():
+            for name in released:
+                if name not in self.returning:
+                    self.returning[name] = node
+                    self.held[node] += 1
         # An incarnation this actuator did not place (a new actuator finishing
         # what its predecessor began) is stopped where the agents say it runs.
         for name in names:
@@ -108,6 +123,7 @@ class ClusterJob(Outbox):
         already): rank 0's node is the master."""
         cluster = self.cluster
         self.nodes_used.add(node)
+        self.last_node[name] = node
         master_node = cluster.placement.get(self.job_id, {}).get(self.rank0, node)
         where = cluster.nodes[master_node] if master_node in cluster.nodes else cluster.nodes[node]
         role = self.spec.role(self.specs[name].role)
@@ -169,8 +185,12 @@ class AgentsRuntime(ClusterJob):
     def _send_start(self, name: str, round_: int, start: int, again: bool = False) -> None:
         cluster = self.cluster
         placed = cluster.placement.get(self.job_id, {}).get(name) if again else None
-        prefer = placed or next(iter(self.running_at(name, round_, start)), None)
-        node = cluster.place(self.job_id, name, self.clock(), prefer=prefer)
+        prefer = placed or next(iter(self.running_at(name, round_, start)), None) or self.last_node.get(name)
+        left = self.returning.get(name)
+        node = cluster.place(self.job_id, name, self.clock(), prefer=prefer,
+                             held=lambda node: self.held[node] - (node == left))
+        if self.returning.pop(name, None) is not None:
+            self.held[left] -= 1
         self.send_start(name, round_, start, node.name)
 
     def stop(self, names: Sequence[str], snapshot: str = "",

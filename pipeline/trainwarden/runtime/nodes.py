@@ -14,7 +14,7 @@ import collections
 import dataclasses
 import enum
 import hashlib
-from typing import Optional
+from typing import Callable, Optional
 
 from trainwarden.bus.messages import Heartbeat
 
@@ -113,10 +113,13 @@ class Cluster:
     def used(self, name: str) -> int:
         return sum(1 for job in self.placement.values() for node in job.values() if node == name)
 
-    def place(self, job_id: str, instance: str, now: float, prefer: Optional[str] = None) -> Node:
+    def place(self, job_id: str, instance: str, now: float, prefer: Optional[str] = None,
+              held: Callable[[str], int] = lambda node: 0) -> Node:
         """A ready node, heard from within the timeout, with a free slot: the
-        preferred one if possible, else the least used. A node known only from
-        the state topic (no heartbeat yet) is never a candidate."""
+        preferred one if possible, else the least used, among those with a
+        slot beyond ``held(node)`` (slots kept for instances coming back
+        there) if any. A node known only from the state topic (no heartbeat
+        yet) is never a candidate."""
         self._stamp(now)
         placed = self.placement.setdefault(job_id, {})
         placed.pop(instance, None)
@@ -129,7 +132,8 @@ class Cluster:
             raise NoCapacity(f"no ready node has a free slot for {job_id}/{instance}")
         chosen = next((n for n in candidates if n.name == prefer), None)
         if chosen is None:
-            chosen = min(candidates, key=lambda n: (used[n.name], n.name))
+            unheld = [n for n in candidates if used[n.name] + held(n.name) < n.slots]
+            chosen = min(unheld or candidates, key=lambda n: (used[n.name], n.name))
         placed[instance] = chosen.name
         return chosen
 
