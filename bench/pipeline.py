@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pipeline"))
 
 from trainwarden.bus import COMMANDS, EVENTS, LOGS, NODES, BusError  # noqa: E402
 from trainwarden.bus.kafka import MAX_REQUEST_BYTES, KafkaBus  # noqa: E402
-from trainwarden.bus.messages import Heartbeat, Line, LogBatch, StartInstance  # noqa: E402
+from trainwarden.bus.messages import Heartbeat, Line, LogBatch, StartInstance, StartInstances  # noqa: E402
 from trainwarden.bus.serde import DecodeError, decode, encode  # noqa: E402
 from trainwarden.clock import now as clock_now  # noqa: E402
 from trainwarden.events import (  # noqa: E402
@@ -201,9 +201,10 @@ class FakeAgent:
                 continue
             if command.node != self.node:
                 continue
-            if isinstance(command, StartInstance):
+            if isinstance(command, (StartInstance, StartInstances)):
                 with self.cond:
-                    self.starts.setdefault(command.job_id, []).append((seen, command))
+                    for start in command.starts if isinstance(command, StartInstances) else (command,):
+                        self.starts.setdefault(start.job_id, []).append((seen, start))
                     self.cond.notify_all()
             else:
                 self.stops += 1

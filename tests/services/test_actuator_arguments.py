@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from trainwarden.bus import COMMANDS, DECISIONS, EVENTS, NODES, topic_specs
 from trainwarden.bus.memory import MemoryBus
-from trainwarden.bus.messages import Heartbeat, StartInstance
+from trainwarden.bus.messages import Heartbeat, StartInstance, StartInstances
 from trainwarden.bus.serde import decode, encode
 from trainwarden.events import Decision, DecisionKind, InstanceSpec, JobSpec, JobSubmitted, Reason, RoleSpec
 from trainwarden.rules.loader import load_rules
@@ -51,7 +51,7 @@ def _starts(bus: MemoryBus) -> list:
     commands = bus.consumer([COMMANDS], None, from_beginning=True)
     sent = [decode(COMMANDS, r.value) for r in commands.poll(0.0, max_records=1000)]
     commands.close()
-    return [c for c in sent if isinstance(c, StartInstance)]
+    return [s for c in sent for s in (c.starts if isinstance(c, StartInstances) else (c,)) if isinstance(s, StartInstance)]
 
 
 def _history(store) -> tuple[list[dict], list[dict]]:

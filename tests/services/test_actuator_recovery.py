@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from trainwarden.bus import ACTUATOR_STATE, COMMANDS, DECISIONS, NODES, topic_specs
 from trainwarden.bus.memory import MemoryBus
-from trainwarden.bus.messages import ActionDone, ActionIntent, Heartbeat, RunningInstance, StartInstance, StopInstances
+from trainwarden.bus.messages import (ActionDone, ActionIntent, Heartbeat, RunningInstance, StartInstance,
+                                      StartInstances, StopInstances)
 from trainwarden.bus.serde import decode, encode
 from trainwarden.events import Decision, DecisionKind, ErrorSource, InstanceSpec, JobSpec, Reason, RoleSpec
 from trainwarden.services.actuator_service import HEAR_BEFORE_FINISHING_S, ActuatorService
@@ -71,7 +72,10 @@ def _run(service, bus, clock, beats: dict, seconds: float) -> list:
         producer.flush()
         service.run_once(0.0)
         clock.now += 0.5
-    sent.extend(decode(COMMANDS, record.value) for record in commands.poll(0.0, max_records=1000))
+    for record in commands.poll(0.0, max_records=1000):
+        command = decode(COMMANDS, record.value)
+        # A node's starts of a round come together: one by one here.
+        sent.extend(command.starts if isinstance(command, StartInstances) else (command,))
     commands.close()
     return sent
 

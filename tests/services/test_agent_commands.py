@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 import time
 
+from msgspec.structs import replace as struct_replace
+
 from trainwarden.bus import COMMANDS, EVENTS, topic_specs
 from trainwarden.bus.memory import MemoryBus
 from trainwarden.bus.messages import StartInstance, StopInstances
@@ -95,4 +97,23 @@ def test_an_agent_reports_how_long_an_instance_has_been_silent_and_that_it_spoke
         assert activity.silent_s == round(reports[-1].time - activity.last_output, 3)
     finally:
         events.close()
+        agent.close(grace_s=1.0)
+
+
+def test_an_agent_runs_each_start_of_a_start_instances_message_for_its_node_and_no_other(tmp_path):
+    from trainwarden.bus.messages import StartInstances
+
+    bus = MemoryBus()
+    bus.create_topics(topic_specs(1))
+    agent = Agent(bus, "n1", 4, tmp_path / "logs", address="127.0.0.1")
+    marks = [tmp_path / f"ran-{n}" for n in range(3)]
+    try:
+        _run_until(agent, agent.ready, 10)
+        starts = [struct_replace(_start("batch", _touch(marks[n])), action_id=f"batch/worker-{n}/0/0",
+                                 instance=InstanceSpec(f"worker-{n}", "worker", n, n)) for n in range(3)]
+        starts[2] = struct_replace(starts[2], node="n2")  # not this node's, whatever the envelope says
+        _send(bus, StartInstances(node="n1", job_id="batch", starts=tuple(starts)))
+        _run_until(agent, lambda: marks[0].exists() and marks[1].exists(), 20)
+        assert agent.counters.starts == 2 and not marks[2].exists()
+    finally:
         agent.close(grace_s=1.0)

@@ -114,6 +114,16 @@ class StartInstance(msgspec.Struct, frozen=True, tag="start_instance"):
     preload: tuple[str, ...] = ()
 
 
+class StartInstances(msgspec.Struct, frozen=True, tag="start_instances"):
+    """Several starts for one node of one job, in order (from the actuator):
+    a round's starts go to each node in one message, not one per instance,
+    whose per-record cost every agent paid for every node's commands."""
+
+    node: str
+    job_id: str
+    starts: tuple[StartInstance, ...]
+
+
 class StopInstances(msgspec.Struct, frozen=True, tag="stop_instances"):
     node: str
     job_id: str

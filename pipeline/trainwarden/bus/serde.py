@@ -25,6 +25,7 @@ from trainwarden.bus.messages import (
     StackDumps,
     StackReportReady,
     StartInstance,
+    StartInstances,
     StopInstances,
     WireLogLine,
 )
@@ -53,7 +54,7 @@ SIGNED_PREFIX = b'{"tw_signed":1,'
 EventMessage = Union[JobSubmitted, InstanceStarted, InstanceExited, SdkMessage, InstanceActivity, NodeLost, Diagnosis,
                      Preempted, DecisionRecord, MarketUpdate]
 LogMessage = Union[NodeLogBatch, LogBatch, WireLogLine]
-CommandMessage = Union[StartInstance, StopInstances, ExpectTasks]
+CommandMessage = Union[StartInstance, StartInstances, StopInstances, ExpectTasks]
 ActuatorStateMessage = Union[ActionIntent, ActionDone, NodeState, StackReportReady]
 NodeMessage = Union[Heartbeat, StackDumps]
 

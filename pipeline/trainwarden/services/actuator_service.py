@@ -46,6 +46,8 @@ from trainwarden.bus.messages import (
     Recorded,
     StackDumps,
     StackReportReady,
+    StartInstance,
+    StartInstances,
     StopInstances,
 )
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
@@ -67,6 +69,9 @@ from trainwarden.supervision.stack_reports import StackReports
 
 GROUP = f"{PREFIX}-actuator"
 NODE_TIMEOUT_S = 10.0
+# A round's starts for one node go in messages of at most this many (about
+# 2 KiB each: far under the bus's request bound).
+STARTS_PER_MESSAGE = 128
 # The actuator's own heartbeat through the bus: while it does not come back,
 # missing heartbeats say nothing about the nodes.
 PROBE_NODE = "__actuator_probe__"
@@ -238,8 +243,14 @@ class ActuatorService:
     # ------------------------------------------------- what runtimes say
 
     def _apply(self, job_id: str, events: Sequence[RuntimeEvent]) -> None:
-        """What a job's runtime said (runtime/base.py), carried out in its order."""
+        """What a job's runtime said (runtime/base.py), carried out in its
+        order; starts in a row go to each node together (``_send_starts``)."""
+        starts: dict[tuple[str, str], list[StartInstance]] = {}
         for event in events:
+            if isinstance(event, AgentCommand) and isinstance(event.command, StartInstance):
+                starts.setdefault((event.command.node, event.command.job_id), []).append(event.command)
+                continue
+            self._send_starts(starts)  # before what follows them, as said
             if isinstance(event, AgentCommand):
                 self.send_command(event.command)
             elif isinstance(event, DumpsExpected):
@@ -265,6 +276,18 @@ class ActuatorService:
                 self.say(event.text, job_id)
             else:
                 raise TypeError(f"a runtime said {event!r}, which is no runtime event (runtime/base.RuntimeEvent)")
+        self._send_starts(starts)
+
+    def _send_starts(self, starts: dict[tuple[str, str], list[StartInstance]]) -> None:
+        """One message per node and job, up to STARTS_PER_MESSAGE starts
+        (a lone start as itself): every agent reads every node's commands,
+        and a record costs the same whatever it carries."""
+        for (node, job_id), commands in starts.items():
+            for at in range(0, len(commands), STARTS_PER_MESSAGE):
+                chunk = tuple(commands[at:at + STARTS_PER_MESSAGE])
+                self.send_command(chunk[0] if len(chunk) == 1 else StartInstances(node=node, job_id=job_id,
+                                                                                   starts=chunk))
+        starts.clear()
 
     def _act(self, supervisor: Supervisor, decision: Decision, **how) -> None:
         """One decision through its runtime; what the runtime said meanwhile

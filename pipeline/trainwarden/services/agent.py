@@ -33,6 +33,7 @@ from trainwarden.bus.messages import (
     RunningInstance,
     StackDumps,
     StartInstance,
+    StartInstances,
     StopInstances,
 )
 from trainwarden.bus.serde import DecodeError, dead_letter, decode, encode
@@ -259,7 +260,8 @@ class Agent:
     def _command(self, record: Message) -> None:
         # Every agent reads every node's commands, keyed by node (which a
         # signed message binds): the others' are not even decoded, 15 in 16
-        # of a 1,024-wide restart's on 16 agents.
+        # of a 1,024-wide restart's on 16 agents (a node's starts of a round
+        # come in one message: services/actuator_service.py).
         if record.key not in (self.node, "*"):
             return
         try:
@@ -273,28 +275,35 @@ class Agent:
         if isinstance(command, ExpectTasks):
             self.host.expect(command.job_id, command.incarnations)
             return
-        if isinstance(command, StartInstance):
-            # A start already in the topic before this run of the agent joined
-            # was meant for its previous run, placed on heartbeats of that run:
-            # by now the actuator may have placed the incarnation elsewhere.
-            # Judged by offsets, not by comparing the actuator's clock with ours.
-            # A run that took its predecessor's instances back continues it
-            # on the same node (never lost meanwhile: the keeper's grace is
-            # under the node timeout), so those starts are still its own.
-            joined = self.feed.joined
-            if not self.readopted and (joined is None or record.offset < joined.get((record.topic, record.partition), 0)):
-                self.counters.ignored_commands += 1
-                return
-            self.host.start(StartOrder(
-                job_id=command.job_id, spec=command.instance, command=command.command, round=command.round,
-                start=command.start, world_size=command.world_size, max_restarts=command.max_restarts,
-                master_addr=command.master_addr, master_port=command.master_port, env=dict(command.env),
-                workdir=command.workdir or None, preload=command.preload))
+        if isinstance(command, StartInstances):
+            for start in command.starts:
+                if start.node == self.node and start.job_id == command.job_id:  # as the signed envelope says
+                    self._start(record, start)
+        elif isinstance(command, StartInstance):
+            self._start(record, command)
         elif isinstance(command, StopInstances):
             self.host.stop(StopOrder(
                 job_id=command.job_id, grace_s=command.grace_s, names=tuple(command.instances),
                 incarnations={name: (round_, start) for name, round_, start in command.incarnations} or None,
                 report_id=command.snapshot_report, job_ended=command.job_ended))
+
+    def _start(self, record: Message, command: StartInstance) -> None:
+        # A start already in the topic before this run of the agent joined
+        # was meant for its previous run, placed on heartbeats of that run:
+        # by now the actuator may have placed the incarnation elsewhere.
+        # Judged by offsets, not by comparing the actuator's clock with ours.
+        # A run that took its predecessor's instances back continues it
+        # on the same node (never lost meanwhile: the keeper's grace is
+        # under the node timeout), so those starts are still its own.
+        joined = self.feed.joined
+        if not self.readopted and (joined is None or record.offset < joined.get((record.topic, record.partition), 0)):
+            self.counters.ignored_commands += 1
+            return
+        self.host.start(StartOrder(
+            job_id=command.job_id, spec=command.instance, command=command.command, round=command.round,
+            start=command.start, world_size=command.world_size, max_restarts=command.max_restarts,
+            master_addr=command.master_addr, master_port=command.master_port, env=dict(command.env),
+            workdir=command.workdir or None, preload=command.preload))
 
     # ------------------------------------------------------ what the node host hands out
 
