@@ -292,9 +292,14 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "b
         records = [r for r in _records(bootstrap, services.prefix) if r[1] >= crash - 1.0]
         window = [r for r in records if r[1] <= max(starts1.values()) + 0.5]
         decision = min((at for kind, at, m in records if kind == "decisions"), default=float("nan"))
-        exits0 = [at for kind, at, m in records
-                  if kind == "events" and m.get("type") == "instance_exited" and m.get("round") == 0]
-        last_exit = max(exits0, default=float("nan"))
+        exits0 = {m.get("instance"): at for kind, at, m in records
+                  if kind == "events" and m.get("type") == "instance_exited" and m.get("round") == 0}
+        last_exit = max(exits0.values(), default=float("nan"))
+        # Each node stops and starts its own instances: stages overlap across
+        # nodes, so "start" is the longest from an instance's exit to its next start.
+        rank_of = {name: name.split("-", 3)[2] for name in starts1}
+        gaps = [at - exits0[f"worker-{rank_of[name]}"] for name, at in starts1.items()
+                if f"worker-{rank_of[name]}" in exits0]
         return {
             "instances": width, "agents": agents, "job_succeeded": code == 0,
             "round0_s": max(starts0.values()) - submitted,
@@ -302,7 +307,7 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "b
             "crash_to_all_s": max(starts1.values()) - crash,
             "decision_s": decision - crash,
             "stop_s": last_exit - decision,
-            "start_s": max(starts1.values()) - last_exit,
+            "start_s": max(gaps, default=float("nan")),
             "slowest_agent_s": last_per_agent[slowest] - crash,
             "fastest_agent_s": min(last_per_agent.values()) - crash,
             "busy_before_cores": (restart[0] - steady[0]) / steady_s, "machine_cpu_s": done[0] - restart[0],
@@ -381,7 +386,8 @@ def main() -> int:
             for row in rows:
                 print(_table_line(columns, row))
     print("times in seconds: round 0 = submit -> all started; first/all = crash -> round 1 started; "
-          "decide/stop/start = the restart's stages. before = cores busy from round 0 all started to the "
+          "decide = crash -> decision, stop = decision -> last exit, start = the longest from an instance's "
+          "exit to its next start. before = cores busy from round 0 all started to the "
           "crash; all cpu = the machine's CPU seconds from the crash to all started, busy = its cores busy "
           "(docs/PERFORMANCE.md)", file=sys.stderr)
     return 0
