@@ -39,9 +39,10 @@ MAX_LINE_BYTES = 16 * 1024
 POLL_S = 0.05
 # Passes over /proc for the escaped descendants of instances that ended by
 # themselves come at most this often; the exits come in meanwhile are swept
-# together. A pass reads every process's environment on the machine (25 ms at
-# 1,100 processes): one per reaping turn took a quarter of an agent's CPU
-# while a 1,024-wide job's instances ended one after another (bench/scale.py).
+# together. A pass lists every process on the machine and reads those new
+# since the last (runtime/escapees.py): one per reaping turn took a quarter
+# of an agent's CPU while a 1,024-wide job's instances ended one after
+# another (bench/scale.py).
 SWEEP_SPACING_S = 0.25
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 TRUNCATED = " …[line truncated]"
