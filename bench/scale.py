@@ -26,7 +26,10 @@ Printed per size:
                      the processor's and actuator's peak resident memory
   messages           records on every topic during the restart; commands alone
 
-    .venv/bin/python bench/scale.py [--sizes 16x2,128x4,512x8,1024x16] [--bootstrap HOST:PORT] [--json]
+    .venv/bin/python bench/scale.py [--sizes 16x2,128x4,512x8,1024x16] [--bootstrap HOST:PORT] [--signed] [--json]
+
+``--signed`` gives every service one signing key made for the run: each
+message sealed and each record verified, as on a bus off loopback.
 
 Needs a broker (deploy/kafka/local-kafka start; TRAINWARDEN_KAFKA or
 --bootstrap). Not a test: docs/PERFORMANCE.md quotes its output.
@@ -38,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -101,11 +105,15 @@ def _size(text: str) -> tuple[int, int]:
 class Services:
     """A processor, an actuator and ``agents`` agents on topics of their own."""
 
-    def __init__(self, bootstrap: str, tmp: Path, width: int, agents: int):
+    def __init__(self, bootstrap: str, tmp: Path, width: int, agents: int, signed: bool = False):
         self.tmp = tmp
         self.prefix = f"twscale{uuid.uuid4().hex[:6]}"
         self.env = dict(os.environ, TRAINWARDEN_KAFKA=bootstrap, PYTHONPATH=str(ROOT / "pipeline"),
                         TRAINWARDEN_TOPIC_PREFIX=self.prefix, TRAINWARDEN_STORE=str(tmp / "store"))
+        self.env.pop("TRAINWARDEN_SIGNING_KEY_FILE", None)
+        self.env.pop("TRAINWARDEN_SIGNING_KEY", None)
+        if signed:  # every service, the submitting client included, seals and verifies with one key
+            self.env["TRAINWARDEN_SIGNING_KEY"] = secrets.token_hex(32)
         subprocess.run([*TRAINWARDEN, "kafka", "init", "--partitions", "4"], env=self.env, check=True,
                        capture_output=True, timeout=120)
         self.procs: dict[str, subprocess.Popen] = {}
@@ -242,17 +250,22 @@ def _records(bootstrap: str, prefix: str) -> list[tuple[str, float, object]]:
                     message = json.loads(record.value)
                 except (TypeError, ValueError):
                     message = {}
+                if isinstance(message, dict) and message.get("tw_signed") == 1:
+                    message = message.get("value")  # the services verified it; this only reads
+                if not isinstance(message, dict):
+                    message = {}
                 records.append((record.topic.split(".", 1)[1], record.timestamp / 1000, message))
     consumer.close()
     return records
 
 
-def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "builtin") -> dict:
+def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "builtin",
+            signed: bool = False) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"tw-scale-{width}x{agents}-"))
     marks = tmp / "marks"
     marks.mkdir()
     print(f"scale: {width} instances on {agents} agents (logs in {tmp})", file=sys.stderr, flush=True)
-    services = Services(bootstrap, tmp, width, agents)
+    services = Services(bootstrap, tmp, width, agents, signed)
     try:
         time.sleep(4.0)  # every agent has joined and sent a heartbeat
         submitted = time.time()
@@ -301,7 +314,7 @@ def measure(bootstrap: str, width: int, agents: int, keep: bool, pause: str = "b
         gaps = [at - exits0[f"worker-{rank_of[name]}"] for name, at in starts1.items()
                 if f"worker-{rank_of[name]}" in exits0]
         return {
-            "instances": width, "agents": agents, "job_succeeded": code == 0,
+            "instances": width, "agents": agents, "signed": signed, "job_succeeded": code == 0,
             "round0_s": max(starts0.values()) - submitted,
             "crash_to_first_s": min(starts1.values()) - crash,
             "crash_to_all_s": max(starts1.values()) - crash,
@@ -363,6 +376,8 @@ def main() -> int:
     parser.add_argument("--pause", choices=sorted(PAUSES), default="builtin",
                         help="how instances wait between lines: bash's read (default) or /bin/sleep, a process "
                              "each time (the issue's first measurement)")
+    parser.add_argument("--signed", action="store_true",
+                        help="sign every message with a key made for the run (as a cluster off loopback must)")
     args = parser.parse_args()
     if not args.bootstrap:
         parser.error("no broker: set TRAINWARDEN_KAFKA or pass --bootstrap (deploy/kafka/local-kafka start)")
@@ -373,7 +388,7 @@ def main() -> int:
         print(_table_line(TIMES))
     rows = []
     for width, agents in sizes:
-        row = measure(args.bootstrap, width, agents, args.keep, args.pause)
+        row = measure(args.bootstrap, width, agents, args.keep, args.pause, args.signed)
         rows.append(row)
         print(json.dumps(row) if args.json else _table_line(TIMES, row), flush=True)
         if not row["job_succeeded"]:
